@@ -1,0 +1,16 @@
+"""mxoid: a Blocks-style, extensible training loop for Apache MXNet 1.x."""
+from .executor_manager import DataParallelExecutorManager
+from .extensions import Extension, FinishAfter
+from .log import TrainingLog, TrainingStatus
+from .main_loop import MainLoop
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DataParallelExecutorManager",
+    "Extension",
+    "FinishAfter",
+    "MainLoop",
+    "TrainingLog",
+    "TrainingStatus",
+]

@@ -1,0 +1,350 @@
+"""One executor per device, each batch split across the devices."""
+from __future__ import annotations
+
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import mxnet as mx
+import numpy as np
+
+from .errors import clean_mxnet_message
+
+__all__ = ["DataParallelExecutorManager", "OutputArrays", "output_short_name", "split_batch"]
+
+DataDescLike = Union[mx.io.DataDesc, Tuple[str, Tuple[int, ...]]]
+ArrayLike = Union[mx.nd.NDArray, np.ndarray]
+
+_OUTPUT_SUFFIX = "_output"
+
+
+def output_short_name(name: str) -> str:
+    """Return an output name without MXNet's ``_output`` suffix (``softmax_output`` -> ``softmax``)."""
+    return name[: -len(_OUTPUT_SUFFIX)] if name.endswith(_OUTPUT_SUFFIX) else name
+
+
+class OutputArrays(dict):
+    """The outputs of the last batch: output name -> one NDArray per device.
+
+    Keys are output names without the ``_output`` suffix (``'softmax'``);
+    the full name (``'softmax_output'``) is accepted as well.
+    """
+
+    def __missing__(self, key: str) -> List[mx.nd.NDArray]:
+        short = output_short_name(key)
+        if short != key and short in self:
+            return self[short]
+        raise KeyError(f"no output named {key!r}; the symbol's outputs are {sorted(self)}")
+
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self, key) or (
+            isinstance(key, str) and dict.__contains__(self, output_short_name(key)))
+
+
+def split_batch(batch_size: int, work_load_list: Sequence[float]) -> List[slice]:
+    """Split ``batch_size`` rows into one contiguous slice per device.
+
+    Parameters
+    ----------
+    batch_size : int
+        Rows in a batch.
+    work_load_list : sequence of float
+        Relative work load of each device; rows are shared in proportion.
+
+    Returns
+    -------
+    list of slice
+        One non-empty slice per device, covering ``range(batch_size)`` in order.
+
+    Raises
+    ------
+    ValueError
+        If a device would receive no rows (the batch is too small).
+    """
+    if any(w <= 0 for w in work_load_list):
+        raise ValueError(f"work_load_list must hold positive numbers, got {list(work_load_list)}")
+    if batch_size < len(work_load_list):
+        raise ValueError(
+            f"a batch of {batch_size} rows cannot be split across {len(work_load_list)} devices; "
+            "use a batch size of at least the number of contexts")
+    total = float(sum(work_load_list))
+    counts = [max(1, int(round(w * batch_size / total))) for w in work_load_list]
+    counts[-1] = batch_size - sum(counts[:-1])
+    if counts[-1] < 1:
+        raise ValueError(
+            f"work_load_list {list(work_load_list)} leaves a device with no rows of a "
+            f"batch of {batch_size}; use a larger batch or a more even work load")
+    slices, start = [], 0
+    for count in counts:
+        slices.append(slice(start, start + count))
+        start += count
+    return slices
+
+
+def _as_descs(shapes: Optional[Iterable[DataDescLike]]) -> List[mx.io.DataDesc]:
+    descs = []
+    for item in shapes or ():
+        if isinstance(item, mx.io.DataDesc):
+            descs.append(item)
+        else:
+            name, shape = item[0], item[1]
+            descs.append(mx.io.DataDesc(name, tuple(shape)))
+    return descs
+
+
+class DataParallelExecutorManager:
+    """Executors of one symbol on several devices, each training on a slice of the batch.
+
+    Each context gets one executor; a batch of ``batch_size`` rows is split
+    across them by ``work_load_list``. Gradients stay on their devices: the
+    update functions (:mod:`mxoid.update`) sum them through a kvstore.
+
+    Parameters
+    ----------
+    symbol : mx.sym.Symbol
+        The network, with one output or several (``mx.sym.Group``).
+    contexts : sequence of mx.Context
+        The devices, e.g. ``[mx.cpu(0), mx.cpu(1)]``.
+    data_shapes, label_shapes : sequence of DataDesc or (name, shape)
+        The inputs, as ``DataIter.provide_data`` / ``provide_label`` give them.
+        The first dimension is the batch size.
+    work_load_list : sequence of float, optional
+        Relative share of each device. Even by default.
+    shared_manager : DataParallelExecutorManager, optional
+        Bind executors for other input shapes (an evaluation iterator with
+        another batch size) that share the parameter, gradient and auxiliary
+        arrays of ``shared_manager`` instead of copying them. Such a manager is
+        used for forward passes only.
+
+    Attributes
+    ----------
+    param_arrays, grad_arrays, aux_arrays : list of list of NDArray
+        One list per parameter (auxiliary state), one array per device.
+    outputs : OutputArrays
+        Output name -> one array per device, filled by :meth:`forward`.
+    labels : dict of str to list of NDArray
+        Label name -> the label slice on each device for the loaded batch.
+    valid_rows : list of int
+        Rows of the loaded batch that are real (not padding), per device.
+
+    Examples
+    --------
+    >>> manager = DataParallelExecutorManager(net, [mx.cpu(0), mx.cpu(1)],
+    ...                                       it.provide_data, it.provide_label)
+    >>> manager.set_params(arg_params, aux_params)
+    >>> manager.load_data_batch(next(it)); manager.forward(is_train=True); manager.backward()
+    """
+
+    def __init__(self, symbol: mx.sym.Symbol, contexts: Sequence[mx.Context],
+                 data_shapes: Sequence[DataDescLike],
+                 label_shapes: Optional[Sequence[DataDescLike]] = None, *,
+                 work_load_list: Optional[Sequence[float]] = None,
+                 shared_manager: Optional["DataParallelExecutorManager"] = None) -> None:
+        self.symbol = symbol
+        self.contexts = list(contexts)
+        if not self.contexts:
+            raise ValueError("contexts is empty; pass at least one, e.g. contexts=[mx.cpu()]")
+        self.data_descs = _as_descs(data_shapes)
+        self.label_descs = _as_descs(label_shapes)
+        if not self.data_descs:
+            raise ValueError("no data shapes given; pass the iterator's provide_data")
+        self.data_names = [d.name for d in self.data_descs]
+        self.label_names = [d.name for d in self.label_descs]
+        self.arg_names = symbol.list_arguments()
+        self.aux_names = symbol.list_auxiliary_states()
+        self._check_input_names()
+        inputs = set(self.data_names) | set(self.label_names)
+        self.param_names = [n for n in self.arg_names if n not in inputs]
+        self.output_names = [output_short_name(n) for n in symbol.list_outputs()]
+        self.batch_size = int(self.data_descs[0].shape[0])
+        if work_load_list is None:
+            work_load_list = [1] * len(self.contexts)
+        if len(work_load_list) != len(self.contexts):
+            raise ValueError(f"work_load_list has {len(work_load_list)} entries for "
+                             f"{len(self.contexts)} contexts; give one per context")
+        self.work_load_list = list(work_load_list)
+        self.slices = split_batch(self.batch_size, self.work_load_list)
+        self.shared_manager = shared_manager
+        self.executors = [self._bind(i, ctx) for i, ctx in enumerate(self.contexts)]
+
+        execs = self.executors
+        self.param_arrays = [[e.arg_dict[n] for e in execs] for n in self.param_names]
+        self.grad_arrays = [[e.grad_dict[n] for e in execs] for n in self.param_names]
+        self.aux_arrays = [[e.aux_dict[n] for e in execs] for n in self.aux_names]
+        self.outputs = OutputArrays(
+            (name, [e.outputs[j] for e in execs]) for j, name in enumerate(self.output_names))
+        self.labels: Dict[str, List[mx.nd.NDArray]] = {
+            n: [e.arg_dict[n] for e in execs] for n in self.label_names}
+        self._data_targets = [[e.arg_dict[n] for e in execs] for n in self.data_names]
+        self._label_targets = [self.labels[n] for n in self.label_names]
+        self._single = len(execs) == 1
+        self._pad = 0
+        self.valid_rows = [s.stop - s.start for s in self.slices]
+        self._evaluation_managers: Dict[tuple, DataParallelExecutorManager] = {}
+
+    # ------------------------------------------------------------------ binding
+    def _check_input_names(self) -> None:
+        known = set(self.arg_names)
+        for kind, names in (("data", self.data_names), ("label", self.label_names)):
+            for name in names:
+                if name not in known:
+                    raise ValueError(
+                        f"the iterator provides {kind} {name!r}, which the symbol does not take; "
+                        f"the symbol's arguments are {self.arg_names}. Rename the iterator's "
+                        f"{kind} (e.g. NDArrayIter(..., {kind}_name=...)) to match the symbol")
+        given = set(self.data_names) | set(self.label_names)
+        missing = [n for n in self.arg_names
+                   if n not in given and (n.endswith("_label") or n in ("data", "label"))]
+        if missing:
+            raise ValueError(
+                f"the symbol takes {missing} as input but the iterator provides only "
+                f"{sorted(given)}; name the iterator's data and label after the symbol's inputs")
+
+    def _input_shapes(self, device: int) -> Tuple[Dict[str, tuple], Dict[str, np.dtype]]:
+        rows = self.slices[device].stop - self.slices[device].start
+        shapes = {d.name: (rows,) + tuple(d.shape[1:]) for d in self.data_descs + self.label_descs}
+        types = {d.name: d.dtype for d in self.data_descs + self.label_descs}
+        return shapes, types
+
+    def _bind(self, device: int, ctx: mx.Context) -> mx.executor.Executor:
+        shapes, types = self._input_shapes(device)
+        try:
+            if self.shared_manager is None:
+                grad_req = {n: ("null" if n in shapes else "write") for n in self.arg_names}
+                return self.symbol.simple_bind(ctx, grad_req=grad_req, type_dict=types, **shapes)
+            return self._bind_shared(device, ctx, shapes, types)
+        except (mx.base.MXNetError, RuntimeError) as error:
+            raise ValueError(
+                f"the symbol rejects the input shapes {shapes}: {clean_mxnet_message(error)}"
+            ) from None
+
+    def _bind_shared(self, device: int, ctx: mx.Context, shapes: Dict[str, tuple],
+                     types: Dict[str, np.dtype]) -> mx.executor.Executor:
+        # Parameters are bound with gradient arrays (the shared ones, so no
+        # memory is added): an executor bound with grad_req='null' is fused by
+        # MXNet's MKLDNN subgraph backend, which caches the weights at its
+        # first forward and then silently uses stale weights.
+        base = self.shared_manager.executors[device]
+        arg_shapes, _, _ = self.symbol.infer_shape(**shapes)
+        arg_types, _, _ = self.symbol.infer_type(**types)
+        args, grads, grad_req = {}, {}, {}
+        for name, shape, dtype in zip(self.arg_names, arg_shapes, arg_types):
+            if name in shapes:
+                args[name] = mx.nd.zeros(shape, ctx, dtype=dtype)
+                grad_req[name] = "null"
+            else:
+                args[name] = base.arg_dict[name]
+                if args[name].shape != tuple(shape):
+                    raise ValueError(f"parameter {name!r} has shape {tuple(shape)} for these inputs "
+                                     f"but {args[name].shape} in training; it cannot be shared")
+                grads[name] = base.grad_dict[name]
+                grad_req[name] = "write"
+        return self.symbol.bind(ctx, args=args, args_grad=grads, grad_req=grad_req,
+                                aux_states=[base.aux_dict[n] for n in self.aux_names],
+                                shared_exec=base)
+
+    def evaluation_manager(self, data_shapes: Sequence[DataDescLike],
+                           label_shapes: Optional[Sequence[DataDescLike]] = None
+                           ) -> "DataParallelExecutorManager":
+        """Return a manager for other input shapes that shares this one's parameters.
+
+        The manager is bound once per distinct set of shapes and reused.
+        It is meant for forward passes (``is_train=False``) only.
+        """
+        data_descs, label_descs = _as_descs(data_shapes), _as_descs(label_shapes)
+        if ([(d.name, tuple(d.shape)) for d in data_descs] == [(d.name, tuple(d.shape)) for d in self.data_descs]
+                and [(d.name, tuple(d.shape)) for d in label_descs]
+                == [(d.name, tuple(d.shape)) for d in self.label_descs]):
+            return self
+        key = tuple((d.name, tuple(d.shape), np.dtype(d.dtype).str) for d in data_descs + label_descs)
+        if key not in self._evaluation_managers:
+            self._evaluation_managers[key] = DataParallelExecutorManager(
+                self.symbol, self.contexts, data_descs, label_descs,
+                work_load_list=self.work_load_list, shared_manager=self)
+        return self._evaluation_managers[key]
+
+    # ----------------------------------------------------------------- batches
+    def load_data_batch(self, batch: mx.io.DataBatch) -> None:
+        """Copy a batch's data and labels into the executors, one slice per device."""
+        self._load(batch.data, self._data_targets)
+        if self._label_targets:
+            if not batch.label:
+                raise ValueError(f"the batch has no label but the symbol needs {self.label_names}")
+            self._load(batch.label, self._label_targets)
+        pad = batch.pad or 0
+        if pad != self._pad:
+            self._pad = pad
+            real = self.batch_size - pad
+            self.valid_rows = [max(0, min(s.stop, real) - s.start) for s in self.slices]
+
+    def _load(self, sources: Sequence[mx.nd.NDArray], targets: List[List[mx.nd.NDArray]]) -> None:
+        if self._single:
+            for source, (target,) in zip(sources, targets):
+                source.copyto(target)
+            return
+        slices = self.slices
+        for source, device_targets in zip(sources, targets):
+            if not isinstance(source, mx.nd.NDArray):
+                source = mx.nd.array(source)
+            for slc, target in zip(slices, device_targets):
+                source[slc].copyto(target)
+
+    def forward(self, is_train: bool = False) -> None:
+        """Run the forward pass on every device (asynchronously)."""
+        for executor in self.executors:
+            executor.forward(is_train=is_train)
+
+    def backward(self) -> None:
+        """Run the backward pass on every device (asynchronously)."""
+        if self.shared_manager is not None:
+            raise RuntimeError("a manager that shares another's parameters is for forward passes only")
+        for executor in self.executors:
+            executor.backward()
+
+    @property
+    def pad(self) -> int:
+        """Padding rows at the end of the loaded batch."""
+        return self._pad
+
+    # -------------------------------------------------------------- parameters
+    def set_params(self, arg_params: Mapping[str, ArrayLike],
+                   aux_params: Optional[Mapping[str, ArrayLike]] = None) -> None:
+        """Copy parameter values into every device.
+
+        Parameters
+        ----------
+        arg_params, aux_params : dict of str to NDArray or numpy array
+            Values by name. Names the symbol does not have raise ``ValueError``;
+            parameters not given keep their current values.
+        """
+        for kind, values, names, arrays in (
+                ("arg_params", arg_params, self.param_names, self.param_arrays),
+                ("aux_params", aux_params or {}, self.aux_names, self.aux_arrays)):
+            index = {n: i for i, n in enumerate(names)}
+            unknown = sorted(set(values) - set(index))
+            if unknown:
+                raise ValueError(f"{kind} has {unknown}, which the symbol does not have; "
+                                 f"its {kind} are {names}")
+            for name, value in values.items():
+                for target in arrays[index[name]]:
+                    if tuple(value.shape) != target.shape:
+                        raise ValueError(f"{kind}[{name!r}] has shape {tuple(value.shape)}, "
+                                         f"the symbol needs {target.shape}")
+                    if isinstance(value, mx.nd.NDArray):
+                        value.astype(target.dtype, copy=False).copyto(target)
+                    else:
+                        target[:] = np.asarray(value, dtype=target.dtype)
+
+    def get_params(self) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
+        """Return ``(arg_params, aux_params)`` as host copies, like ``Module.get_params()``.
+
+        Parameters are identical on every device and are read from the first;
+        auxiliary states (e.g. BatchNorm statistics) are averaged over devices.
+        """
+        cpu = mx.cpu()
+        arg_params = {n: arrays[0].copyto(cpu) for n, arrays in zip(self.param_names, self.param_arrays)}
+        aux_params = {}
+        for name, arrays in zip(self.aux_names, self.aux_arrays):
+            total = arrays[0].copyto(cpu)
+            for array in arrays[1:]:
+                total += array.copyto(cpu)
+            aux_params[name] = total / len(arrays) if len(arrays) > 1 else total
+        return arg_params, aux_params

@@ -1,0 +1,64 @@
+"""The loop's counters and flags."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Dict, Optional
+
+__all__ = ["TrainingStatus"]
+
+
+@dataclass
+class TrainingStatus:
+    """Where training stands; the same object is ``loop.status`` and ``loop.log.status``.
+
+    Counters are already updated when the hooks of that batch or epoch run:
+    in ``after_batch`` of the first batch, ``iterations_done == 1``.
+
+    Attributes
+    ----------
+    iterations_done : int
+        Batches trained since the start of training (over all epochs).
+    epochs_done : int
+        Epochs completed.
+    iterations_done_in_epoch : int
+        Batches trained in the current epoch.
+    epoch_started : bool
+        True between ``before_epoch`` and the end of that epoch; stays True
+        when training stops in the middle of an epoch.
+    training_started, training_finished : bool
+    stop_requested : bool
+        An extension asked the loop to stop (:meth:`MainLoop.request_stop`).
+    stop_reason : str or None
+        Why, in the words of the extension that asked.
+    rank, num_workers : int
+        This worker's rank and the number of workers (1 unless distributed).
+    """
+
+    iterations_done: int = 0
+    epochs_done: int = 0
+    iterations_done_in_epoch: int = 0
+    epoch_started: bool = False
+    training_started: bool = False
+    training_finished: bool = False
+    stop_requested: bool = False
+    stop_reason: Optional[str] = None
+    rank: int = 0
+    num_workers: int = 1
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the status as a plain dict (JSON-serializable)."""
+        return asdict(self)
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore counters and flags from :meth:`state_dict`; unknown keys are ignored."""
+        names = {f.name for f in fields(self)}
+        for key, value in state.items():
+            if key in names:
+                setattr(self, key, value)
+
+    def __getitem__(self, key: str) -> Any:
+        """Blocks-style access: ``status['iterations_done']``."""
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None

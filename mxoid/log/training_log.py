@@ -1,0 +1,139 @@
+"""The in-memory log: iteration number -> row of records, as in Blocks."""
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from .status import TrainingStatus
+
+__all__ = ["TrainingLog"]
+
+_MISSING = object()
+
+
+class TrainingLog(Mapping):
+    """Records by iteration: ``log[i]`` is the row (a dict) of iteration ``i``.
+
+    Row ``i`` holds what extensions wrote after ``i`` batches: records of
+    ``before_training`` land in row 0, those written in ``after_batch`` or
+    ``after_epoch`` in the row of the iteration just completed. Rows are
+    created on first write, so iterations nobody wrote about take no memory
+    and are absent from :meth:`items`.
+
+    Attributes
+    ----------
+    status : TrainingStatus
+        The loop's counters (the same object as ``MainLoop.status``).
+
+    Examples
+    --------
+    >>> loop.log.current_row["my_record"] = 0.5
+    >>> loop.log.last("valid_accuracy")
+    0.97
+    >>> [(i, row["valid_accuracy"]) for i, row in loop.log.items() if "valid_accuracy" in row]
+    """
+
+    def __init__(self, status: Optional[TrainingStatus] = None) -> None:
+        self.status = status if status is not None else TrainingStatus()
+        self._rows: Dict[int, Dict[str, Any]] = {}
+        self._latest: Dict[str, Tuple[int, Any]] = {}
+
+    def __getitem__(self, iteration: int) -> Dict[str, Any]:
+        return self._rows[iteration]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self._rows))
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def row(self, iteration: int) -> Dict[str, Any]:
+        """Return the row of ``iteration``, creating it if needed."""
+        found = self._rows.get(iteration)
+        if found is None:
+            found = self._rows[iteration] = _Row(self, iteration)
+        return found
+
+    @property
+    def current_row(self) -> Dict[str, Any]:
+        """The row of the current iteration (``status.iterations_done``), for writing records."""
+        return self.row(self.status.iterations_done)
+
+    @property
+    def previous_row(self) -> Dict[str, Any]:
+        """The row of the iteration before the current one (empty when absent)."""
+        return self._rows.get(self.status.iterations_done - 1, {})
+
+    def last(self, name: str, default: Any = _MISSING) -> Any:
+        """Return the newest value of record ``name``.
+
+        Raises
+        ------
+        KeyError
+            If no row holds ``name`` and no default is given.
+        """
+        found = self._latest.get(name)
+        if found is None:
+            if default is _MISSING:
+                raise KeyError(f"no record named {name!r} in the log; records so far: "
+                               f"{sorted(self._latest)}")
+            return default
+        return found[1]
+
+    def last_iteration(self, name: str) -> Optional[int]:
+        """Return the iteration of the newest value of ``name``, or None."""
+        found = self._latest.get(name)
+        return None if found is None else found[0]
+
+    def record_names(self) -> List[str]:
+        """Names of every record written so far, sorted."""
+        return sorted(self._latest)
+
+    def _note(self, iteration: int, name: str, value: Any) -> None:
+        latest = self._latest.get(name)
+        if latest is None or latest[0] <= iteration:
+            self._latest[name] = (iteration, value)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the rows and status as plain data (JSON-serializable when the records are)."""
+        return {"status": self.status.state_dict(),
+                "rows": [[i, dict(self._rows[i])] for i in sorted(self._rows)]}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Replace the rows and status with those of :meth:`state_dict`."""
+        self.status.load_state_dict(state["status"])
+        self._rows.clear()
+        self._latest.clear()
+        for iteration, values in state["rows"]:
+            self.row(int(iteration)).update(values)
+
+    def to_dataframe(self):
+        """Return the log as a pandas DataFrame indexed by iteration (needs pandas)."""
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError("TrainingLog.to_dataframe needs pandas: pip install pandas") from None
+        return pandas.DataFrame.from_dict({i: dict(r) for i, r in self.items()}, orient="index")
+
+
+class _Row(dict):
+    """A log row that keeps the log's index of newest values up to date."""
+
+    __slots__ = ("_log", "_iteration")
+
+    def __init__(self, log: TrainingLog, iteration: int) -> None:
+        super().__init__()
+        self._log = log
+        self._iteration = iteration
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        dict.__setitem__(self, name, value)
+        self._log._note(self._iteration, name, value)
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for name, value in dict(*args, **kwargs).items():
+            self[name] = value
+
+    def setdefault(self, name: str, default: Any = None) -> Any:
+        if name not in self:
+            self[name] = default
+        return self[name]

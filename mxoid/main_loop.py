@@ -1,0 +1,302 @@
+"""The main loop: epochs of batches, with hooks into extensions."""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+import mxnet as mx
+
+from .dispatch import HookDispatcher
+from .executor_manager import DataParallelExecutorManager
+from .extensions.base import Extension
+from .log import TrainingLog, TrainingStatus
+from .update import (KVStoreLike, create_kvstore, create_optimizer, initialize_kvstore,
+                     update_params, update_params_on_kvstore)
+
+__all__ = ["MainLoop"]
+
+logger = logging.getLogger(__name__)
+
+NOTHING_STOPS = (
+    "nothing can stop this loop: none of its extensions requests a stop. Add "
+    "FinishAfter(after_n_epochs=...) (or EarlyStopping, NaNGuard...), or set "
+    "stops_training = True on your own extension that calls main_loop.request_stop()")
+
+
+class MainLoop:
+    """Train a symbol on a data iterator, epoch after epoch, until an extension stops it.
+
+    The loop owns a :class:`DataParallelExecutorManager` (one executor per
+    context, each batch split across them), the optimizer and the kvstore.
+    Every batch it loads the data, runs forward and backward, and updates the
+    parameters, either on the kvstore or with a local updater per device.
+    Extensions see the whole loop (``extension.main_loop``) at the hooks
+    ``before_training``, ``before_epoch``, ``before_batch``, ``after_batch``,
+    ``after_epoch``, ``after_training`` (and ``on_resumption``,
+    ``on_interrupt``, ``on_error``).
+
+    Parameters
+    ----------
+    symbol : mx.sym.Symbol
+        The network; several outputs with ``mx.sym.Group``.
+    train_data : mx.io.DataIter
+        Training batches; its ``provide_data`` / ``provide_label`` name the
+        symbol's inputs. It is reset at the start of every epoch but the first.
+    contexts : Context or list of Context, optional
+        Devices; ``[mx.cpu()]`` by default.
+    optimizer : str or mx.optimizer.Optimizer, default 'sgd'
+    optimizer_params : dict, optional
+        E.g. ``{'learning_rate': 0.1, 'momentum': 0.9}``. ``rescale_grad``
+        defaults to ``1 / batch_size`` (times the number of workers with
+        ``dist_sync``), as in ``Module.fit``.
+    initializer : mx.init.Initializer, optional
+        For parameters not in ``arg_params``; ``mx.init.Uniform(0.01)`` by default.
+    arg_params, aux_params : dict of str to NDArray, optional
+        Initial values.
+    kvstore : None, str or KVStore, default 'local'
+        How gradients from several devices (or workers) are summed.
+    update_on_kvstore : bool, optional
+        Where the optimizer runs; see :func:`mxoid.update.create_kvstore`.
+    work_load_list : list of float, optional
+        Relative share of each device in a batch.
+    extensions : sequence of Extension
+        At least one of them must be able to stop training.
+
+    Attributes
+    ----------
+    manager : DataParallelExecutorManager
+    optimizer : mx.optimizer.Optimizer
+    kvstore : KVStore or None
+    update_on_kvstore : bool
+    updater : callable or None
+        The local updater, when the kvstore does not update.
+    status : TrainingStatus
+    log : TrainingLog
+    current_batch : mx.io.DataBatch or None
+        The batch being trained, for extensions.
+
+    Examples
+    --------
+    >>> loop = MainLoop(net, train_iter, contexts=[mx.cpu(0), mx.cpu(1)],
+    ...                 optimizer_params={'learning_rate': 0.1},
+    ...                 extensions=[FinishAfter(after_n_epochs=5)])
+    >>> loop.run()
+    >>> arg_params, aux_params = loop.get_params()
+    """
+
+    def __init__(self, symbol: mx.sym.Symbol, train_data: mx.io.DataIter, *,
+                 contexts: Union[None, mx.Context, Sequence[mx.Context]] = None,
+                 optimizer: Union[str, mx.optimizer.Optimizer] = "sgd",
+                 optimizer_params: Optional[Dict[str, Any]] = None,
+                 initializer: Optional[mx.init.Initializer] = None,
+                 arg_params: Optional[Mapping[str, mx.nd.NDArray]] = None,
+                 aux_params: Optional[Mapping[str, mx.nd.NDArray]] = None,
+                 kvstore: KVStoreLike = "local", update_on_kvstore: Optional[bool] = None,
+                 work_load_list: Optional[Sequence[float]] = None,
+                 extensions: Sequence[Extension] = ()) -> None:
+        if not isinstance(symbol, mx.sym.Symbol):
+            raise TypeError(f"symbol must be an mx.sym.Symbol, not {type(symbol).__name__}")
+        for attribute in ("provide_data", "provide_label", "reset"):
+            if not hasattr(train_data, attribute):
+                raise TypeError(f"train_data must be an mx.io.DataIter (it has no {attribute}); "
+                                f"got {type(train_data).__name__}")
+        self.extensions = _check_extensions(extensions)
+        if contexts is None:
+            contexts = [mx.cpu()]
+        elif isinstance(contexts, mx.Context):
+            contexts = [contexts]
+        self.symbol = symbol
+        self.train_data = train_data
+        self.contexts = list(contexts)
+        self.manager = DataParallelExecutorManager(
+            symbol, self.contexts, train_data.provide_data, train_data.provide_label,
+            work_load_list=work_load_list)
+        arg_values, aux_values = _initial_params(self.manager, symbol, initializer,
+                                                 arg_params, aux_params)
+        self.manager.set_params(arg_values, aux_values)
+
+        num_devices = len(self.contexts)
+        self.kvstore, self.update_on_kvstore = create_kvstore(kvstore, num_devices, update_on_kvstore)
+        self.optimizer = create_optimizer(
+            optimizer, optimizer_params, symbol=symbol, param_names=self.manager.param_names,
+            num_devices=num_devices, batch_size=self.manager.batch_size, kvstore=self.kvstore,
+            update_on_kvstore=self.update_on_kvstore)
+        if self.kvstore is not None:
+            initialize_kvstore(self.kvstore, self.manager.param_arrays, arg_values,
+                               self.manager.param_names, self.update_on_kvstore)
+            if self.update_on_kvstore:
+                self.kvstore.set_optimizer(self.optimizer)
+        self.updater = None if self.update_on_kvstore else mx.optimizer.get_updater(self.optimizer)
+        self._update = self._make_update()
+
+        self.log = TrainingLog()
+        self.status: TrainingStatus = self.log.status
+        if self.kvstore is not None:
+            self.status.rank = self.kvstore.rank
+            self.status.num_workers = self.kvstore.num_workers
+        self.current_batch: Optional[mx.io.DataBatch] = None
+        for extension in self.extensions:
+            extension.main_loop = self
+        self.dispatcher = HookDispatcher(self.extensions)
+
+    # ----------------------------------------------------------------- setup
+    def _make_update(self):
+        manager = self.manager
+        if self.update_on_kvstore:
+            return functools.partial(update_params_on_kvstore, manager.param_arrays,
+                                     manager.grad_arrays, self.kvstore, manager.param_names)
+        return functools.partial(update_params, manager.param_arrays, manager.grad_arrays,
+                                 self.updater, len(self.contexts), self.kvstore,
+                                 manager.param_names)
+
+    # -------------------------------------------------------------- training
+    def run(self) -> "MainLoop":
+        """Train until an extension requests a stop; return the loop.
+
+        Raises
+        ------
+        Exception
+            Whatever training or a hook raised, after the ``on_error`` hooks ran
+            and the error was recorded in the log (record ``error``).
+        """
+        status = self.status
+        fire = self.dispatcher.fire
+        try:
+            if status.training_started:
+                fire("on_resumption")
+            else:
+                status.training_started = True
+                fire("before_training")
+            while not status.stop_requested:
+                if not status.epoch_started:
+                    if status.epochs_done > 0:
+                        self.train_data.reset()
+                    status.epoch_started = True
+                    status.iterations_done_in_epoch = 0
+                    fire("before_epoch")
+                if not self._run_epoch():
+                    break
+                status.epoch_started = False
+                status.epochs_done += 1
+                fire("after_epoch")
+            status.training_finished = True
+            fire("after_training")
+        except Exception as error:
+            self._handle_error(error)
+            raise
+        return self
+
+    def _run_epoch(self) -> bool:
+        """Train the rest of the epoch; return False when a stop was requested mid-epoch."""
+        status = self.status
+        manager = self.manager
+        update = self._update
+        before_batch = self.dispatcher.runner("before_batch")
+        after_batch = self.dispatcher.runner("after_batch")
+        trained = status.iterations_done_in_epoch
+        for batch in self.train_data:
+            self.current_batch = batch
+            if before_batch is not None:
+                before_batch(batch)
+            manager.load_data_batch(batch)
+            manager.forward(is_train=True)
+            manager.backward()
+            update()
+            status.iterations_done += 1
+            status.iterations_done_in_epoch += 1
+            if after_batch is not None:
+                after_batch(batch)
+            if status.stop_requested:
+                return False
+        if status.iterations_done_in_epoch == trained == 0:
+            raise ValueError("train_data yielded no batches in this epoch; is it empty, or "
+                             "already consumed (call train_data.reset() before the loop)?")
+        return True
+
+    def request_stop(self, reason: str) -> None:
+        """Ask the loop to stop: after this batch when called in ``after_batch``,
+        after this epoch when called in ``after_epoch``.
+
+        The reason is kept in ``status.stop_reason`` and recorded in the log as
+        ``training_finish_requested``.
+        """
+        status = self.status
+        if not status.stop_requested:
+            status.stop_requested = True
+            status.stop_reason = reason
+            self.log.current_row["training_finish_requested"] = reason
+            logger.info("stop requested: %s", reason)
+
+    def _handle_error(self, error: BaseException) -> None:
+        origin = getattr(error, "mxoid_origin", None)
+        where = f" (in extension {origin[0]!r}, hook {origin[1]})" if origin else ""
+        self.log.current_row["error"] = f"{type(error).__name__}: {error}{where}"
+        for handler in self.dispatcher.handlers["on_error"]:
+            try:
+                handler.method(error)
+            except Exception as secondary:  # an on_error hook must not hide the first error
+                logger.error("on_error of %r failed: %s", handler.extension.name, secondary)
+
+    # ------------------------------------------------------------ parameters
+    def get_params(self):
+        """Return ``(arg_params, aux_params)`` as host copies (see the manager's ``get_params``)."""
+        return self.manager.get_params()
+
+    def profile(self) -> List[tuple]:
+        """Return ``(extension, hook, calls, seconds)`` per dispatched hook, slowest first."""
+        return self.dispatcher.profile()
+
+    def print_profile(self) -> None:
+        """Print the time each extension spent in each hook."""
+        print(f"{'extension':<24}{'hook':<18}{'calls':>10}{'seconds':>12}{'us/call':>10}")
+        for name, hook, calls, seconds in self.profile():
+            per_call = 1e6 * seconds / calls if calls else 0.0
+            print(f"{name:<24}{hook:<18}{calls:>10}{seconds:>12.4f}{per_call:>10.1f}")
+
+
+def _check_extensions(extensions: Sequence[Extension]) -> List[Extension]:
+    extensions = list(extensions)
+    for extension in extensions:
+        if not isinstance(extension, Extension):
+            raise TypeError(f"extensions must be mxoid.Extension instances; got "
+                            f"{type(extension).__name__} ({extension!r})")
+    if not any(extension.stops_training for extension in extensions):
+        raise ValueError(NOTHING_STOPS)
+    return extensions
+
+
+def _initial_params(manager: DataParallelExecutorManager, symbol: mx.sym.Symbol,
+                    initializer: Optional[mx.init.Initializer],
+                    arg_params: Optional[Mapping[str, mx.nd.NDArray]],
+                    aux_params: Optional[Mapping[str, mx.nd.NDArray]]):
+    """Host values for every parameter: the given ones, the rest from the initializer.
+
+    Missing values are drawn in sorted name order, as ``Module.init_params`` does.
+    """
+    initializer = initializer or mx.init.Uniform(0.01)
+    attrs = symbol.attr_dict()
+    values = []
+    for given, names, arrays in ((arg_params, manager.param_names, manager.param_arrays),
+                                 (aux_params, manager.aux_names, manager.aux_arrays)):
+        given = dict(given or {})
+        shapes = {n: a[0] for n, a in zip(names, arrays)}
+        unknown = sorted(set(given) - set(shapes))
+        if unknown:
+            raise ValueError(f"initial parameters {unknown} are not parameters of the symbol; "
+                             f"its parameters are {sorted(shapes)}")
+        result = {}
+        for name in sorted(shapes):
+            template = shapes[name]
+            if name in given:
+                value = given[name]
+                if tuple(value.shape) != template.shape:
+                    raise ValueError(f"initial value of {name!r} has shape {tuple(value.shape)}, "
+                                     f"the symbol needs {template.shape}")
+                result[name] = mx.nd.array(value, ctx=mx.cpu(), dtype=template.dtype)
+            else:
+                array = mx.nd.zeros(template.shape, ctx=mx.cpu(), dtype=template.dtype)
+                initializer(mx.init.InitDesc(name, attrs.get(name, None)), array)
+                result[name] = array
+        values.append(result)
+    return values[0], values[1]

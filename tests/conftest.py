@@ -1,0 +1,59 @@
+"""Shared fixtures: small networks and data made with a fixed seed."""
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+TWO_CPUS = [mx.cpu(0), mx.cpu(1)]
+
+
+def mlp(num_hidden: int = 16, num_classes: int = 3) -> mx.sym.Symbol:
+    """A two-layer perceptron with a softmax output named 'softmax'."""
+    data = mx.sym.Variable("data")
+    hidden = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=num_hidden, name="fc1"),
+                               act_type="relu", name="relu1")
+    logits = mx.sym.FullyConnected(hidden, num_hidden=num_classes, name="fc2")
+    return mx.sym.SoftmaxOutput(logits, name="softmax")
+
+
+def two_heads(num_hidden: int = 16, num_classes: int = 3) -> mx.sym.Symbol:
+    """A network with a softmax head 'softmax' and a linear-regression head 'reg'."""
+    data = mx.sym.Variable("data")
+    hidden = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=num_hidden, name="fc1"),
+                               act_type="tanh")
+    cls = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(hidden, num_hidden=num_classes, name="cls"),
+                               name="softmax")
+    reg = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(hidden, num_hidden=1, name="regfc"),
+                                        name="reg")
+    return mx.sym.Group([cls, reg])
+
+
+def classification_data(n: int = 200, dim: int = 10, num_classes: int = 3, seed: int = 0):
+    """Separable Gaussian blobs: (X float32 [n, dim], y float32 [n])."""
+    rng = np.random.RandomState(seed)
+    y = rng.randint(0, num_classes, size=n)
+    centers = rng.randn(num_classes, dim) * 2
+    X = centers[y] + rng.randn(n, dim)
+    return X.astype("float32"), y.astype("float32")
+
+
+def initial_params(symbol: mx.sym.Symbol, data_shape, label_shapes=None, seed: int = 1):
+    """Random initial arg_params for ``symbol`` (host NDArrays), drawn with a fixed seed."""
+    rng = np.random.RandomState(seed)
+    shapes = {"data": data_shape}
+    shapes.update(label_shapes or {})
+    arg_shapes, _, _ = symbol.infer_shape(**shapes)
+    params = {}
+    for name, shape in zip(symbol.list_arguments(), arg_shapes):
+        if name not in shapes and not name.endswith("_label"):
+            params[name] = mx.nd.array(rng.uniform(-0.3, 0.3, shape))
+    return params
+
+
+@pytest.fixture
+def data():
+    return classification_data()
