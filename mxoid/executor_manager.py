@@ -155,6 +155,12 @@ class DataParallelExecutorManager:
         self.param_names = [n for n in self.arg_names if n not in inputs]
         self.output_names = [output_short_name(n) for n in symbol.list_outputs()]
         self.batch_size = int(self.data_descs[0].shape[0])
+        for desc in self.data_descs + self.label_descs:
+            if not desc.shape or desc.shape[0] != self.batch_size:
+                raise ValueError(
+                    f"the symbol rejects the input shapes: {desc.name!r} has shape "
+                    f"{tuple(desc.shape)} but {self.data_names[0]!r} has a batch of "
+                    f"{self.batch_size}; every input needs the batch size as its first dimension")
         if work_load_list is None:
             work_load_list = [1] * len(self.contexts)
         if len(work_load_list) != len(self.contexts):
