@@ -32,10 +32,14 @@ class HookDispatcher:
     Parameters
     ----------
     extensions : sequence of Extension
+    rank : int, default 0
+        This worker's rank: extensions with ``rank_zero_only`` are left out
+        on other ranks.
     """
 
-    def __init__(self, extensions: Sequence[Extension]) -> None:
-        self.extensions: List[Extension] = sorted(extensions, key=lambda e: e.priority)
+    def __init__(self, extensions: Sequence[Extension], rank: int = 0) -> None:
+        self.extensions: List[Extension] = sorted(
+            (e for e in extensions if rank == 0 or not e.rank_zero_only), key=lambda e: e.priority)
         self.handlers: Dict[str, List[HookTimes]] = {
             hook: [HookTimes(e, hook) for e in self.extensions if e.handles(hook)] for hook in HOOKS}
 

@@ -138,7 +138,7 @@ class MainLoop:
         self.current_batch: Optional[mx.io.DataBatch] = None
         for extension in self.extensions:
             extension.main_loop = self
-        self.dispatcher = HookDispatcher(self.extensions)
+        self.dispatcher = HookDispatcher(self.extensions, rank=self.status.rank)
 
     # ----------------------------------------------------------------- setup
     def _make_update(self):

@@ -75,11 +75,18 @@ class Extension:
     before_training, before_epoch, before_batch, after_batch, after_epoch,
     after_training, on_resumption, on_interrupt, on_error : bool
         Fire ``do`` at every occurrence of that hook.
+    rank_zero_only : bool, optional
+        Override the class default of :attr:`rank_zero_only`.
 
     Attributes
     ----------
     stops_training : bool
         Class attribute: True when the extension may request a stop.
+    rank_zero_only : bool
+        In distributed training, run only on the worker of rank 0. A class
+        default (True for extensions with side effects: printing, progress
+        bars, log files, checkpoints), overridden per instance with the
+        ``rank_zero_only=`` keyword.
     main_loop : MainLoop
         Set by the loop when it is constructed.
 
@@ -96,6 +103,7 @@ class Extension:
     """
 
     stops_training: bool = False
+    rank_zero_only: bool = False
     main_loop: "MainLoop"
 
     def __init__(self, *, name: Optional[str] = None, priority: float = 0,
@@ -105,9 +113,11 @@ class Extension:
                  before_batch: bool = False, after_batch: bool = False,
                  after_epoch: bool = False, after_training: bool = False,
                  on_resumption: bool = False, on_interrupt: bool = False,
-                 on_error: bool = False) -> None:
+                 on_error: bool = False, rank_zero_only: Optional[bool] = None) -> None:
         self.name = name or type(self).__name__
         self.priority = priority
+        if rank_zero_only is not None:
+            self.rank_zero_only = rank_zero_only
         self.conditions: Dict[str, List[Predicate]] = {}
         flags = {"before_training": before_training, "before_epoch": before_epoch,
                  "before_batch": before_batch, "after_batch": after_batch,
