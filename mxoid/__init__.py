@@ -1,12 +1,15 @@
 """mxoid: a Blocks-style, extensible training loop for Apache MXNet 1.x."""
 from .executor_manager import DataParallelExecutorManager
-from .extensions import Extension, FinishAfter
+from .checkpoint import CheckpointError
+from .extensions import Checkpoint, Extension, FinishAfter
 from .log import TrainingLog, TrainingStatus
 from .main_loop import MainLoop
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Checkpoint",
+    "CheckpointError",
     "DataParallelExecutorManager",
     "Extension",
     "FinishAfter",

@@ -3,13 +3,20 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
+import signal
+import sys
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import mxnet as mx
 
+from .checkpoint import CheckpointContents, latest_checkpoint
+from .data_position import DataPosition, get_random_states, set_random_states
 from .dispatch import HookDispatcher
 from .executor_manager import DataParallelExecutorManager
 from .extensions.base import Extension
+from .interrupt import InterruptHandlers
 from .log import TrainingLog, TrainingStatus
 from .update import (KVStoreLike, create_kvstore, create_optimizer, initialize_kvstore,
                      update_params, update_params_on_kvstore)
@@ -62,6 +69,19 @@ class MainLoop:
         Relative share of each device in a batch.
     extensions : sequence of Extension
         At least one of them must be able to stop training.
+    resume_from : str, optional
+        A :class:`~mxoid.extensions.Checkpoint` folder: training resumes
+        exactly where its newest whole checkpoint left it (parameters,
+        optimizer states, counters, log, extension states, random states and
+        the position of the training iterator, which must be built as for the
+        interrupted run). ``on_resumption`` fires instead of
+        ``before_training``. With no whole checkpoint there yet, training
+        starts from scratch with a warning.
+    exit_on_interrupt : bool, default True
+        After Ctrl-C or SIGTERM has stopped training cleanly (``on_interrupt``
+        and ``after_training`` hooks run), exit the process with status
+        128 + signal number and a message saying how to resume. False makes
+        :meth:`run` return instead.
 
     Attributes
     ----------
@@ -94,7 +114,8 @@ class MainLoop:
                  aux_params: Optional[Mapping[str, mx.nd.NDArray]] = None,
                  kvstore: KVStoreLike = "local", update_on_kvstore: Optional[bool] = None,
                  work_load_list: Optional[Sequence[float]] = None,
-                 extensions: Sequence[Extension] = ()) -> None:
+                 extensions: Sequence[Extension] = (), resume_from: Optional[str] = None,
+                 exit_on_interrupt: bool = True) -> None:
         if not isinstance(symbol, mx.sym.Symbol):
             raise TypeError(f"symbol must be an mx.sym.Symbol, not {type(symbol).__name__}")
         for attribute in ("provide_data", "provide_label", "reset"):
@@ -112,8 +133,14 @@ class MainLoop:
         self.manager = DataParallelExecutorManager(
             symbol, self.contexts, train_data.provide_data, train_data.provide_label,
             work_load_list=work_load_list)
+        self.exit_on_interrupt = exit_on_interrupt
+        checkpoint = _find_checkpoint(resume_from)
+        if checkpoint is not None:
+            arg_params, aux_params = checkpoint.arg_params, checkpoint.aux_params
         arg_values, aux_values = _initial_params(self.manager, symbol, initializer,
                                                  arg_params, aux_params)
+        # Before the kvstore is initialized: with several devices it holds
+        # the master copy, which would overwrite values set later.
         self.manager.set_params(arg_values, aux_values)
 
         num_devices = len(self.contexts)
@@ -136,9 +163,13 @@ class MainLoop:
             self.status.rank = self.kvstore.rank
             self.status.num_workers = self.kvstore.num_workers
         self.current_batch: Optional[mx.io.DataBatch] = None
+        self.data_position = DataPosition(train_data)
         for extension in self.extensions:
             extension.main_loop = self
         self.dispatcher = HookDispatcher(self.extensions, rank=self.status.rank)
+        self.resumed_from: Optional[str] = None
+        if checkpoint is not None:
+            self._restore(checkpoint)
 
     # ----------------------------------------------------------------- setup
     def _make_update(self):
@@ -163,28 +194,37 @@ class MainLoop:
         status = self.status
         fire = self.dispatcher.fire
         try:
-            if status.training_started:
-                fire("on_resumption")
-            else:
-                status.training_started = True
-                fire("before_training")
-            while not status.stop_requested:
-                if not status.epoch_started:
-                    if status.epochs_done > 0:
-                        self.train_data.reset()
-                    status.epoch_started = True
-                    status.iterations_done_in_epoch = 0
-                    fire("before_epoch")
-                if not self._run_epoch():
-                    break
-                status.epoch_started = False
-                status.epochs_done += 1
-                fire("after_epoch")
-            status.training_finished = True
-            fire("after_training")
+            with InterruptHandlers(status):
+                if status.training_started:
+                    fire("on_resumption")
+                else:
+                    status.training_started = True
+                    fire("before_training")
+                while not status.stop_requested:
+                    if not status.epoch_started:
+                        if status.epochs_done > 0:
+                            self.data_position.reset()
+                        status.epoch_started = True
+                        status.iterations_done_in_epoch = 0
+                        fire("before_epoch")
+                    if not self._run_epoch():
+                        break
+                    status.epoch_started = False
+                    status.epochs_done += 1
+                    fire("after_epoch")
+                    if status.epoch_interrupt_received and not status.stop_requested:
+                        status.interrupted = "SIGINT"
+                        status.stop_requested = True
+                if status.interrupted is not None:
+                    self.request_stop(f"interrupted by {status.interrupted}")
+                    fire("on_interrupt")
+                status.training_finished = True
+                fire("after_training")
         except Exception as error:
             self._handle_error(error)
             raise
+        if status.interrupted is not None:
+            self._report_interruption()
         return self
 
     def _run_epoch(self) -> bool:
@@ -222,11 +262,24 @@ class MainLoop:
         ``training_finish_requested``.
         """
         status = self.status
-        if not status.stop_requested:
+        if status.stop_reason is None:
             status.stop_requested = True
             status.stop_reason = reason
             self.log.current_row["training_finish_requested"] = reason
             logger.info("stop requested: %s", reason)
+
+    def _report_interruption(self) -> None:
+        status = self.status
+        saved = self.log.last("checkpoint_saved_to", None)
+        where = (f"The last checkpoint is {saved}; resume with "
+                 f"MainLoop(..., resume_from={_checkpoint_folder(saved)!r})." if saved else
+                 "No checkpoint was saved: add mxoid.extensions.Checkpoint(directory) to resume "
+                 "interrupted runs.")
+        message = (f"Training interrupted by {status.interrupted} after {status.epochs_done} "
+                   f"epochs and {status.iterations_done} batches. {where}")
+        print(message, file=sys.stderr, flush=True)
+        if self.exit_on_interrupt:
+            raise SystemExit(128 + int(getattr(signal, status.interrupted)))
 
     def _handle_error(self, error: BaseException) -> None:
         origin = getattr(error, "mxoid_origin", None)
@@ -237,6 +290,65 @@ class MainLoop:
                 handler.method(error)
             except Exception as secondary:  # an on_error hook must not hide the first error
                 logger.error("on_error of %r failed: %s", handler.extension.name, secondary)
+
+    # ------------------------------------------------------------ checkpoints
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the loop's state as plain JSON-ready data, for a checkpoint.
+
+        Holds the log (with the status), each extension's ``state_dict()``,
+        NumPy's and Python's random states and the training iterator's
+        position. Parameters and optimizer states are saved apart, in MXNet's
+        own formats (see :mod:`mxoid.checkpoint`).
+        """
+        return {"log": self.log.state_dict(),
+                "status": self.status.state_dict(),
+                "extensions": {key: extension.state_dict() for key, extension
+                               in _extension_keys(self.extensions).items()},
+                "random": get_random_states(),
+                "data_position": self.data_position.state_dict(),
+                "num_devices": len(self.contexts),
+                "update_on_kvstore": self.update_on_kvstore}
+
+    def optimizer_states(self) -> Optional[bytes]:
+        """Return the optimizer and its states as MXNet dumps them, or None with a
+        distributed kvstore (whose states live on the servers)."""
+        if self.update_on_kvstore:
+            updater = getattr(self.kvstore, "_updater", None)
+            return None if updater is None else updater.get_states(dump_optimizer=True)
+        return self.updater.get_states(dump_optimizer=True)
+
+    def _restore(self, checkpoint: CheckpointContents) -> None:
+        state = checkpoint.loop_state
+        for key, here in (("num_devices", len(self.contexts)),
+                          ("update_on_kvstore", self.update_on_kvstore)):
+            if state[key] != here:
+                raise ValueError(f"checkpoint {checkpoint.path} was saved with {key}={state[key]}, "
+                                 f"this loop has {key}={here}; resume with the same contexts "
+                                 "and kvstore settings")
+        if checkpoint.optimizer_states is not None:
+            updater = self.kvstore._updater if self.update_on_kvstore else self.updater
+            updater.set_states(checkpoint.optimizer_states)
+            self.optimizer = updater.optimizer
+        self.log.load_state_dict(state["log"])
+        status = self.status
+        status.load_state_dict(state["status"])
+        status.stop_requested, status.stop_reason = False, None
+        status.training_finished, status.epoch_interrupt_received = False, False
+        status.interrupted = None
+        if self.kvstore is not None:
+            status.rank, status.num_workers = self.kvstore.rank, self.kvstore.num_workers
+        saved = state["extensions"]
+        for key, extension in _extension_keys(self.extensions).items():
+            if key in saved:
+                extension.load_state_dict(saved[key])
+        self.data_position.restore(state["data_position"], status.epochs_done,
+                                   status.epoch_started, status.iterations_done_in_epoch)
+        set_random_states(state["random"])
+        if state.get("mxnet_seed") is not None:
+            mx.random.seed(int(state["mxnet_seed"]))
+        self.resumed_from = checkpoint.path
+        logger.info("resumed from %s after %d epochs, %d batches", checkpoint.path,
+                    status.epochs_done, status.iterations_done)
 
     # ------------------------------------------------------------ parameters
     def get_params(self):
@@ -253,6 +365,32 @@ class MainLoop:
         for name, hook, calls, seconds in self.profile():
             per_call = 1e6 * seconds / calls if calls else 0.0
             print(f"{name:<24}{hook:<18}{calls:>10}{seconds:>12.4f}{per_call:>10.1f}")
+
+
+def _find_checkpoint(resume_from: Optional[str]) -> Optional[CheckpointContents]:
+    if resume_from is None:
+        return None
+    checkpoint = latest_checkpoint(resume_from)
+    if checkpoint is None:
+        warnings.warn(f"resume_from={resume_from!r} holds no whole checkpoint yet: "
+                      "training starts from scratch", stacklevel=3)
+    return checkpoint
+
+
+def _checkpoint_folder(path: str) -> str:
+    return os.path.dirname(os.path.abspath(path))
+
+
+def _extension_keys(extensions: Sequence[Extension]) -> Dict[str, Extension]:
+    """Extensions by a key unique in the loop: the name, then ``name#2``... for repeats."""
+    keys: Dict[str, Extension] = {}
+    for extension in extensions:
+        key, count = extension.name, 1
+        while key in keys:
+            count += 1
+            key = f"{extension.name}#{count}"
+        keys[key] = extension
+    return keys
 
 
 def _check_extensions(extensions: Sequence[Extension]) -> List[Extension]:

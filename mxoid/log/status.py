@@ -30,6 +30,10 @@ class TrainingStatus:
         An extension asked the loop to stop (:meth:`MainLoop.request_stop`).
     stop_reason : str or None
         Why, in the words of the extension that asked.
+    epoch_interrupt_received : bool
+        A first Ctrl-C arrived: training stops at the end of this epoch.
+    interrupted : str or None
+        The signal (``'SIGINT'``, ``'SIGTERM'``) that stopped training.
     rank, num_workers : int
         This worker's rank and the number of workers (1 unless distributed).
     """
@@ -42,6 +46,8 @@ class TrainingStatus:
     training_finished: bool = False
     stop_requested: bool = False
     stop_reason: Optional[str] = None
+    epoch_interrupt_received: bool = False
+    interrupted: Optional[str] = None
     rank: int = 0
     num_workers: int = 1
 

@@ -1,0 +1,149 @@
+"""Where the training iterator stands, so that training can resume mid-epoch.
+
+A checkpoint must put the training iterator back exactly where it was:
+same order of samples, same next batch. How depends on the iterator:
+
+- ``mx.io.NDArrayIter`` is repositioned directly. Its shuffle is cumulative
+  (each ``reset()`` permutes the already permuted data), so its current
+  order is kept as a permutation of the order it had when training started
+  (which a freshly built, identically seeded iterator has again), together
+  with its ``idx`` and ``cursor``. ``last_batch_handle='roll_over'`` keeps
+  rows across epochs and is replayed instead.
+- An iterator with ``state_dict()`` / ``load_state_dict()`` methods restores
+  itself.
+- Any other iterator is replayed: NumPy's and Python's random states of the
+  start of the epoch are restored, the iterator is reset (if the epoch was
+  not the first), and the batches already trained are read and skipped,
+  with a warning.
+"""
+from __future__ import annotations
+
+import random
+import warnings
+from typing import Any, Dict, Optional
+
+import mxnet as mx
+import numpy as np
+
+__all__ = ["DataPosition", "get_random_states", "set_random_states"]
+
+
+def get_random_states() -> Dict[str, Any]:
+    """Return NumPy's and Python's global random states as plain (JSON-ready) data."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return {"numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+            "python": [version, list(internal), gauss_next]}
+
+
+def set_random_states(state: Dict[str, Any]) -> None:
+    """Restore the states returned by :func:`get_random_states`."""
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+
+
+def _repositionable(iterator: Any) -> bool:
+    return isinstance(iterator, mx.io.NDArrayIter) and iterator.last_batch_handle != "roll_over"
+
+
+class DataPosition:
+    """Follows the training iterator across epochs and puts it back on resumption.
+
+    The main loop calls :meth:`reset` instead of ``iterator.reset()`` at the
+    start of each epoch but the first.
+
+    Parameters
+    ----------
+    iterator : mx.io.DataIter
+        The training iterator, as freshly built (before any epoch).
+    """
+
+    def __init__(self, iterator: Any) -> None:
+        self.iterator = iterator
+        self._direct = _repositionable(iterator)
+        self._order: Optional[np.ndarray] = None  # NDArrayIter's data order vs. at start
+        self._epoch_start_random: Optional[Dict[str, Any]] = None
+
+    def reset(self) -> None:
+        """Reset the iterator for a new epoch, keeping track of its order."""
+        if not self._direct:
+            self._epoch_start_random = get_random_states()
+        self.iterator.reset()
+        if self._direct and self.iterator.shuffle:
+            current = np.asarray(self.iterator.idx)
+            self._order = current.copy() if self._order is None else self._order[current]
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the position (JSON-ready). Called at a checkpoint."""
+        it = self.iterator
+        if self._direct:
+            return {"kind": "ndarrayiter", "cursor": int(it.cursor),
+                    "idx": np.asarray(it.idx).tolist(),
+                    "order": None if self._order is None else self._order.tolist()}
+        if hasattr(it, "state_dict") and hasattr(it, "load_state_dict"):
+            return {"kind": "own", "state": it.state_dict()}
+        return {"kind": "replay", "epoch_start_random": self._epoch_start_random}
+
+    def restore(self, state: Dict[str, Any], epochs_done: int, epoch_started: bool,
+                batches_done_in_epoch: int) -> None:
+        """Put a freshly built iterator where :meth:`state_dict` found the old one.
+
+        Parameters
+        ----------
+        state : dict
+            From :meth:`state_dict`.
+        epochs_done, epoch_started, batches_done_in_epoch :
+            The loop's counters at the checkpoint.
+        """
+        kind = state["kind"]
+        it = self.iterator
+        if kind == "ndarrayiter" and self._direct:
+            self._restore_ndarrayiter(state)
+        elif kind == "own":
+            it.load_state_dict(state["state"])
+        else:
+            self._replay(state.get("epoch_start_random"), epochs_done, epoch_started,
+                         batches_done_in_epoch)
+
+    def _restore_ndarrayiter(self, state: Dict[str, Any]) -> None:
+        it = self.iterator
+        order = state["order"]
+        if order is not None:
+            self._order = np.asarray(order, dtype=np.int64)
+            if len(self._order) != it.num_data:
+                raise ValueError(
+                    f"the checkpoint's training iterator had {len(self._order)} samples, "
+                    f"this one has {it.num_data}; resume with the same training data")
+            it.data = [(name, _take(array, self._order)) for name, array in it.data]
+            it.label = [(name, _take(array, self._order)) for name, array in it.label]
+            it.data_list = [x[1] for x in it.data] + [x[1] for x in it.label]
+        it.idx = np.asarray(state["idx"], dtype=it.idx.dtype)
+        it.cursor = int(state["cursor"])
+
+    def _replay(self, epoch_start_random: Optional[Dict[str, Any]], epochs_done: int,
+                epoch_started: bool, batches_done_in_epoch: int) -> None:
+        it = self.iterator
+        if not epoch_started:
+            # The next epoch starts with the loop's own reset; nothing to skip.
+            return
+        warnings.warn(
+            f"{type(it).__name__} cannot be repositioned directly: replaying the "
+            f"{batches_done_in_epoch} batches of the interrupted epoch to reach the "
+            "checkpoint's position. Give the iterator state_dict()/load_state_dict() "
+            "to avoid this.", stacklevel=3)
+        if epochs_done > 0:
+            if epoch_start_random is not None:
+                set_random_states(epoch_start_random)
+            it.reset()
+        self._epoch_start_random = epoch_start_random
+        for _ in range(batches_done_in_epoch):
+            next(it)
+
+
+def _take(array: Any, order: np.ndarray) -> Any:
+    # The same copy NDArrayIter's own shuffle makes.
+    if isinstance(array, mx.nd.NDArray):
+        return mx.nd.array(array.asnumpy()[order], array.context, dtype=array.dtype)
+    return array[order]
