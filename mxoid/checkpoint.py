@@ -48,6 +48,7 @@ __all__ = [
     "list_checkpoints",
     "read_checkpoint",
     "remove_checkpoint",
+    "remove_stale_temporaries",
     "write_checkpoint",
 ]
 
@@ -57,6 +58,7 @@ MANIFEST = "MANIFEST.json"
 LOOP_STATE = "loop.json"
 OPTIMIZER_STATES = "optimizer.states"
 _NAME = re.compile(r"^checkpoint-(\d+)-epoch(\d+)-batch(\d+)$")
+_TEMPORARY = re.compile(r"^\.(?:tmp|old)-.*-(\d+)$")
 
 
 class CheckpointError(ValueError):
@@ -196,6 +198,35 @@ def remove_checkpoint(path: str) -> None:
     doomed = os.path.join(parent, f".old-{name}-{os.getpid()}")
     os.rename(path, doomed)
     shutil.rmtree(doomed, ignore_errors=True)
+
+
+def remove_stale_temporaries(directory: str) -> List[str]:
+    """Delete the half-written folders that killed processes left in ``directory``.
+
+    Only folders of processes that no longer run are removed. Returns their paths.
+    """
+    removed = []
+    if not os.path.isdir(directory):
+        return removed
+    for name in os.listdir(directory):
+        match = _TEMPORARY.match(name)
+        if match and not _process_alive(int(match.group(1))):
+            path = os.path.join(directory, name)
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _process_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _read_json(path: str) -> Dict[str, Any]:

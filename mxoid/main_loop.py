@@ -211,10 +211,10 @@ class MainLoop:
                         break
                     status.epoch_started = False
                     status.epochs_done += 1
-                    fire("after_epoch")
-                    if status.epoch_interrupt_received and not status.stop_requested:
+                    if status.epoch_interrupt_received and status.interrupted is None:
                         status.interrupted = "SIGINT"
-                        status.stop_requested = True
+                        self.request_stop("interrupted by SIGINT")
+                    fire("after_epoch")
                 if status.interrupted is not None:
                     self.request_stop(f"interrupted by {status.interrupted}")
                     fire("on_interrupt")

@@ -8,7 +8,8 @@ from typing import Any, Dict, Optional
 
 import mxnet as mx
 
-from ..checkpoint import checkpoint_name, list_checkpoints, remove_checkpoint, write_checkpoint
+from ..checkpoint import (checkpoint_name, list_checkpoints, remove_checkpoint,
+                          remove_stale_temporaries, write_checkpoint)
 from .base import Extension
 
 __all__ = ["Checkpoint"]
@@ -102,6 +103,18 @@ class Checkpoint(Extension):
         self.best_value: Optional[float] = None
         self.last_saved: Optional[str] = None
         self._last_counters: Optional[list] = None
+
+    def before_training(self) -> None:
+        super().before_training()
+        self._clean()
+
+    def on_resumption(self) -> None:
+        super().on_resumption()
+        self._clean()
+
+    def _clean(self) -> None:
+        for path in remove_stale_temporaries(self.directory):
+            logger.warning("removed %s, left half-written by a process that was killed", path)
 
     def do(self, which_callback: str, *args: Any) -> None:
         self.save()

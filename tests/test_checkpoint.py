@@ -1,0 +1,345 @@
+"""Checkpoints: exact resumption, atomic writes, signals, damage, MXNet compatibility."""
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from mxoid import Checkpoint, CheckpointError, Extension, FinishAfter, MainLoop
+from mxoid.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
+
+from conftest import TWO_CPUS, classification_data, initial_params, mlp
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "train_checkpointed.py")
+
+
+def make_loop(directory, stop, *, optimizer="adam", resume=False, contexts=TWO_CPUS,
+              iterator_factory=None, extra=()):
+    X, y = classification_data(n=200)
+    np.random.seed(5)
+    if iterator_factory is None:
+        train = mx.io.NDArrayIter(X, y, batch_size=20, shuffle=True, label_name="softmax_label")
+    else:
+        train = iterator_factory(X, y)
+    net = mlp()
+    params = {"learning_rate": 0.01} if optimizer == "adam" else {"learning_rate": 0.1, "momentum": 0.9}
+    return MainLoop(net, train, contexts=contexts, optimizer=optimizer, optimizer_params=params,
+                    arg_params=initial_params(net, (20, 10)),
+                    extensions=[stop, Checkpoint(str(directory), every_n_batches=3), *extra],
+                    resume_from=str(directory) if resume else None)
+
+
+def params_of(loop):
+    return {k: v.asnumpy() for k, v in loop.get_params()[0].items()}
+
+
+def assert_identical(a, b):
+    assert a.keys() == b.keys()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def comparable_log(loop):
+    """The log rows; checkpoint folders reduced to their epoch and batch.
+
+    The folders differ between two runs' directories, and an interrupted run
+    saves more checkpoints (so their sequence numbers differ).
+    """
+    rows = {}
+    for iteration, row in loop.log.items():
+        rows[iteration] = {k: (os.path.basename(v).split("-", 2)[2] if k == "checkpoint_saved_to"
+                               else v) for k, v in row.items()}
+    return rows
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+@pytest.mark.parametrize("stop_after_batches", [20, 25])  # 20: epoch boundary, 25: mid-epoch
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, optimizer, stop_after_batches):
+    full = make_loop(tmp_path / "full", FinishAfter(after_n_epochs=4), optimizer=optimizer).run()
+    make_loop(tmp_path / "cut", FinishAfter(after_n_batches=stop_after_batches),
+              optimizer=optimizer).run()
+    np.random.seed(1234)  # whatever happened in between, resumption restores the random state
+    resumed = make_loop(tmp_path / "cut", FinishAfter(after_n_epochs=4), optimizer=optimizer,
+                        resume=True)
+    assert resumed.resumed_from is not None
+    resumed.run()
+    assert_identical(params_of(full), params_of(resumed))
+    for field in ("iterations_done", "epochs_done", "iterations_done_in_epoch"):
+        assert getattr(full.status, field) == getattr(resumed.status, field)
+    full_log, resumed_log = comparable_log(full), comparable_log(resumed)
+    # The cut run stopped (and saved) at its own limit: only that row differs.
+    resumed_log.pop(stop_after_batches, None)
+    full_log.pop(stop_after_batches, None)
+    assert full_log == resumed_log
+
+
+class HookCounter(Extension):
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def before_training(self):
+        self.calls.append("before_training")
+
+    def on_resumption(self):
+        self.calls.append("on_resumption")
+
+
+def test_resumption_fires_on_resumption_not_before_training(tmp_path):
+    make_loop(tmp_path, FinishAfter(after_n_epochs=1)).run()
+    counter = HookCounter()
+    make_loop(tmp_path, FinishAfter(after_n_epochs=2), resume=True, extra=[counter]).run()
+    assert counter.calls == ["on_resumption"]
+
+
+def test_resumed_run_that_already_met_its_limit_trains_no_more(tmp_path):
+    make_loop(tmp_path, FinishAfter(after_n_epochs=2)).run()
+    again = make_loop(tmp_path, FinishAfter(after_n_epochs=2), resume=True)
+    before = params_of(again)
+    again.run()
+    assert again.status.iterations_done == 20
+    assert_identical(before, params_of(again))
+
+
+def test_raised_limit_goes_on_to_it(tmp_path):
+    make_loop(tmp_path, FinishAfter(after_n_epochs=2)).run()
+    later = make_loop(tmp_path, FinishAfter(after_n_epochs=4), resume=True).run()
+    assert (later.status.epochs_done, later.status.iterations_done) == (4, 40)
+
+
+def test_resume_from_a_folder_without_checkpoint_starts_from_scratch(tmp_path):
+    with pytest.warns(UserWarning, match="no whole checkpoint"):
+        loop = make_loop(tmp_path / "empty", FinishAfter(after_n_epochs=1), resume=True)
+    assert loop.resumed_from is None and loop.status.iterations_done == 0
+
+
+class PlainIter(mx.io.DataIter):
+    """An iterator mxoid cannot reposition directly: it shuffles with NumPy at reset."""
+
+    def __init__(self, X, y, batch_size):
+        super().__init__(batch_size)
+        self.X, self.y = X, y
+        self.order = np.arange(len(X))
+        self.cursor = 0
+
+    @property
+    def provide_data(self):
+        return [mx.io.DataDesc("data", (self.batch_size, self.X.shape[1]))]
+
+    @property
+    def provide_label(self):
+        return [mx.io.DataDesc("softmax_label", (self.batch_size,))]
+
+    def reset(self):
+        np.random.shuffle(self.order)
+        self.cursor = 0
+
+    def next(self):
+        if self.cursor + self.batch_size > len(self.X):
+            raise StopIteration
+        rows = self.order[self.cursor:self.cursor + self.batch_size]
+        self.cursor += self.batch_size
+        return mx.io.DataBatch([mx.nd.array(self.X[rows])], [mx.nd.array(self.y[rows])], pad=0)
+
+
+def test_iterator_without_direct_repositioning_is_replayed_with_a_warning(tmp_path):
+    factory = lambda X, y: PlainIter(X, y, 20)  # noqa: E731
+    full = make_loop(tmp_path / "full", FinishAfter(after_n_epochs=3), iterator_factory=factory).run()
+    make_loop(tmp_path / "cut", FinishAfter(after_n_batches=15), iterator_factory=factory).run()
+    with pytest.warns(UserWarning, match="replaying the 5 batches"):
+        resumed = make_loop(tmp_path / "cut", FinishAfter(after_n_epochs=3),
+                            iterator_factory=factory, resume=True)
+    resumed.run()
+    assert_identical(params_of(full), params_of(resumed))
+
+
+def test_checkpoint_loads_in_mxnet_and_predicts_like_the_loop(tmp_path):
+    loop = make_loop(tmp_path, FinishAfter(after_n_epochs=2), contexts=[mx.cpu()]).run()
+    newest = list_checkpoints(str(tmp_path))[-1]
+    epoch = loop.status.epochs_done
+    symbol, arg_params, aux_params = mx.model.load_checkpoint(os.path.join(newest, "model"), epoch)
+    X, y = classification_data(n=200)
+    probe = mx.io.NDArrayIter(X[:40], y[:40], batch_size=20, label_name="softmax_label")
+    module = mx.mod.Module.load(os.path.join(newest, "model"), epoch, context=mx.cpu())
+    module.bind(probe.provide_data, probe.provide_label, for_training=False)
+    theirs = module.predict(probe).asnumpy()
+    manager = loop.manager.evaluation_manager(probe.provide_data, probe.provide_label)
+    ours = []
+    probe.reset()
+    for batch in probe:
+        manager.load_data_batch(batch)
+        manager.forward(is_train=False)
+        ours.append(manager.outputs["softmax"][0].asnumpy())
+    np.testing.assert_allclose(np.concatenate(ours), theirs, rtol=1e-6, atol=1e-7)
+    assert symbol.tojson() == loop.symbol.tojson()
+    assert_identical({k: v.asnumpy() for k, v in arg_params.items()}, params_of(loop))
+
+
+def test_keep_last_removes_older_checkpoints(tmp_path):
+    make_loop(tmp_path, FinishAfter(after_n_epochs=2)).run()
+    names = [os.path.basename(p) for p in list_checkpoints(str(tmp_path))]
+    assert len(names) == 3
+    assert names[-1].endswith("epoch0002-batch00000020")
+    assert not [n for n in os.listdir(tmp_path) if n.startswith(".")]
+
+
+def test_damaged_checkpoint_names_the_file_and_latest_falls_back(tmp_path):
+    make_loop(tmp_path, FinishAfter(after_n_epochs=2)).run()
+    newest, previous = list_checkpoints(str(tmp_path))[-1], list_checkpoints(str(tmp_path))[-2]
+    params_file = [f for f in os.listdir(newest) if f.endswith(".params")][0]
+    with open(os.path.join(newest, params_file), "r+b") as handle:
+        handle.truncate(100)
+    with pytest.raises(CheckpointError, match=params_file) as info:
+        read_checkpoint(newest)
+    assert "Stack trace" not in str(info.value)
+    with pytest.warns(UserWarning, match="damaged"):
+        assert latest_checkpoint(str(tmp_path)).path == previous
+    with pytest.warns(UserWarning, match="damaged"):
+        resumed = make_loop(tmp_path, FinishAfter(after_n_epochs=2), resume=True)
+    assert resumed.resumed_from == previous
+
+
+def test_garbage_in_loop_state_is_reported_with_its_file(tmp_path):
+    make_loop(tmp_path, FinishAfter(after_n_batches=3)).run()
+    newest = list_checkpoints(str(tmp_path))[-1]
+    with open(os.path.join(newest, "loop.json"), "w") as handle:
+        handle.write("{not json")
+    with pytest.raises(CheckpointError, match="loop.json"):
+        read_checkpoint(newest)
+
+
+def test_checkpoint_folder_without_manifest_is_incomplete(tmp_path):
+    make_loop(tmp_path, FinishAfter(after_n_batches=3)).run()
+    newest = list_checkpoints(str(tmp_path))[-1]
+    os.remove(os.path.join(newest, "MANIFEST.json"))
+    with pytest.raises(CheckpointError, match="incomplete"):
+        read_checkpoint(newest)
+
+
+class Explode(Extension):
+    def after_batch(self, batch):
+        if self.main_loop.status.iterations_done == 7:
+            raise RuntimeError("extension bug")
+
+
+def test_crash_leaves_the_last_checkpoint_intact(tmp_path):
+    loop = make_loop(tmp_path, FinishAfter(after_n_epochs=2), extra=[Explode()])
+    with pytest.raises(RuntimeError, match="extension bug"):
+        loop.run()
+    newest = list_checkpoints(str(tmp_path))[-1]
+    assert newest.endswith("batch00000006")
+    assert read_checkpoint(newest).loop_state["status"]["iterations_done"] == 6
+
+
+# ---------------------------------------------------------------- processes
+class Trainer:
+    """The checkpointed training script in a subprocess, read line by line."""
+
+    def __init__(self, directory, *args):
+        env = dict(os.environ, OMP_NUM_THREADS="1", MXNET_SUBGRAPH_VERBOSE="0",
+                   PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(
+            [sys.executable, SCRIPT, str(directory), *args], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=env, text=True)
+        self.lines = []
+
+    def wait_for(self, prefix, timeout=60):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.process.stdout], [], [], 0.5)
+            if ready:
+                line = self.process.stdout.readline()
+                if not line:
+                    break
+                self.lines.append(line)
+                if line.startswith(prefix):
+                    return line
+        raise AssertionError(f"no line starting with {prefix!r}; got {self.lines[-5:]}; "
+                             f"stderr: {self.finish(5)[1][-2000:]}")
+
+    def finish(self, timeout=60):
+        try:
+            out, err = self.process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            out, err = self.process.communicate()
+            raise AssertionError(f"the training process did not exit within {timeout} s: {err}")
+        self.lines.extend(out.splitlines(True))
+        return self.process.returncode, err
+
+
+@pytest.fixture(scope="module")
+def reference_params(tmp_path_factory):
+    """Final parameters of the checkpointed script run without interruption."""
+    folder = tmp_path_factory.mktemp("reference")
+    run = Trainer(folder / "checkpoints", "--every-n-batches", "3", "--output",
+                  str(folder / "params.npz"))
+    code, err = run.finish(120)
+    assert code == 0, err
+    return dict(np.load(folder / "params.npz"))
+
+
+def test_sigkill_always_leaves_a_checkpoint_to_resume_from(tmp_path, reference_params):
+    """Killed between batches, then twice in the middle of a checkpoint write."""
+    directory = tmp_path / "killed"
+    for moment in ("BATCH 5", "WRITING", "WRITING"):
+        args = ["--every-n-batches", "3", "--resume", "--delay", "0.01"]
+        if moment == "WRITING":
+            args += ["--slow-write", "5"]
+        run = Trainer(directory, *args)
+        run.wait_for(moment)
+        run.process.send_signal(signal.SIGKILL)
+        code, _ = run.finish()
+        assert code == -signal.SIGKILL
+        assert latest_checkpoint(str(directory)) is not None  # a whole checkpoint is there
+        if moment == "WRITING":
+            assert [n for n in os.listdir(directory) if n.startswith(".tmp-")]  # killed mid-write
+    output = tmp_path / "resumed.npz"
+    run = Trainer(directory, "--every-n-batches", "3", "--resume", "--output", str(output))
+    code, err = run.finish(120)
+    assert code == 0, err
+    assert_identical(reference_params, dict(np.load(output)))
+    assert not [n for n in os.listdir(directory) if n.startswith(".")]  # half-writes cleaned up
+
+
+@pytest.mark.parametrize("signals, code, stops_at", [
+    ([signal.SIGTERM], 128 + signal.SIGTERM, "batch"),
+    ([signal.SIGINT], 128 + signal.SIGINT, "epoch"),
+    ([signal.SIGINT, signal.SIGINT], 128 + signal.SIGINT, "batch"),
+])
+def test_signals_stop_cleanly_with_a_checkpoint(tmp_path, signals, code, stops_at):
+    run = Trainer(tmp_path, "--epochs", "50", "--delay", "0.02")
+    line = run.wait_for("BATCH 13")
+    for signum in signals:
+        run.process.send_signal(signum)
+        time.sleep(0.05)
+    started = time.monotonic()
+    returncode, err = run.finish(30)
+    assert time.monotonic() - started < 30
+    assert returncode == code, err
+    assert "resume_from=" in err and str(tmp_path) in err
+    checkpoint = latest_checkpoint(str(tmp_path))
+    status = checkpoint.loop_state["status"]
+    assert status["interrupted"] in ("SIGINT", "SIGTERM")
+    batches = [int(l.split()[1]) for l in run.lines if l.startswith("BATCH")]
+    assert status["iterations_done"] == batches[-1]
+    if stops_at == "epoch":
+        assert status["iterations_done"] % 10 == 0 and not status["epoch_started"]
+    else:
+        assert status["iterations_done"] < int(line.split()[1]) + 5
+    # The log inside the checkpoint holds the interruption.
+    rows = dict((i, r) for i, r in checkpoint.loop_state["log"]["rows"])
+    assert "interrupted by" in json.dumps(rows)
+
+
+def test_signal_handlers_are_restored_after_training(tmp_path):
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    make_loop(tmp_path, FinishAfter(after_n_batches=2)).run()
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
