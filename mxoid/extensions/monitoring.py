@@ -1,0 +1,292 @@
+"""Monitoring: metrics of named outputs on evaluation iterators and on the training batches."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import mxnet as mx
+
+from ..executor_manager import output_short_name
+from ..metrics import (Metric, MetricAccumulator, MetricLike, Reducer, create_metrics,
+                       label_for_output)
+from .base import Extension
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..main_loop import MainLoop
+
+__all__ = ["Evaluate", "MetricsSpec", "TrainingMonitoring"]
+
+MetricsSpec = Union[MetricLike, Sequence[MetricLike], Mapping[str, Union[MetricLike, Sequence[MetricLike]]]]
+"""Metrics by output name (``{'softmax': 'acc', 'reg': ['mse', 'mae']}``), or, for a
+symbol with one output, one metric or a list of them."""
+
+_FIRING_KEYWORDS = ("every_n_batches", "every_n_epochs", "after_n_batches", "after_n_epochs",
+                    "before_training", "before_epoch", "before_batch", "after_batch",
+                    "after_epoch", "after_training", "on_resumption", "on_interrupt", "on_error")
+
+NO_OUTPUT_NAMES = (
+    "metrics are given without output names, but the symbol has {count} outputs {outputs}; "
+    "map each output to its metrics, e.g. metrics={{{example!r}: 'acc'}}")
+UNKNOWN_OUTPUT = (
+    "no output named {name!r}; the symbol's outputs are {outputs} (with or without the "
+    "'_output' suffix)")
+NOT_BOUND = "{name} is not attached to a MainLoop yet: pass it in MainLoop(..., extensions=[...])"
+
+
+def _parse_metrics(metrics: MetricsSpec) -> Tuple[bool, List[Tuple[Optional[str], List[Metric]]]]:
+    """Create the metrics now (so that unknown names fail at once); outputs are checked later."""
+    if isinstance(metrics, Mapping):
+        if not metrics:
+            raise ValueError("metrics is empty; name at least one, e.g. {'softmax': 'acc'}")
+        parsed = []
+        for output, spec in metrics.items():
+            if not isinstance(output, str):
+                raise TypeError(f"metrics maps output names to metrics; got the key {output!r}")
+            parsed.append((output, create_metrics(spec)))
+        return True, parsed
+    created = create_metrics(metrics)
+    if not created:
+        raise ValueError("metrics is empty; name at least one, e.g. 'acc'")
+    return False, [(None, created)]
+
+
+def _bind_outputs(keyed: bool, parsed: List[Tuple[Optional[str], List[Metric]]],
+                  output_names: Sequence[str]) -> List[Tuple[str, Metric]]:
+    if not keyed:
+        if len(output_names) != 1:
+            raise ValueError(NO_OUTPUT_NAMES.format(count=len(output_names),
+                                                    outputs=list(output_names),
+                                                    example=output_names[0]))
+        return [(output_names[0], metric) for metric in parsed[0][1]]
+    bound = []
+    for name, metrics in parsed:
+        output = output_short_name(name)
+        if output not in output_names:
+            raise ValueError(UNKNOWN_OUTPUT.format(name=name, outputs=list(output_names)))
+        bound += [(output, metric) for metric in metrics]
+    return bound
+
+
+def _record_names(prefix: str, bound: Sequence[Tuple[str, Metric]], single_output: bool) -> List[str]:
+    names = [f"{prefix}_{metric.name}" if single_output else f"{prefix}_{output}_{metric.name}"
+             for output, metric in bound]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"several metrics would write the records {repeated}; give each metric "
+                         "of an output only once (or wrap one in HostMetric(..., name=...))")
+    return names
+
+
+class _MetricsExtension(Extension):
+    """Shared parts of the monitoring extensions: metrics bound to outputs, record names,
+    the distributed ``reduce`` hook, and validation when the loop attaches the extension."""
+
+    def __init__(self, metrics: MetricsSpec, **kwargs: Any) -> None:
+        self._keyed, self._parsed = _parse_metrics(metrics)
+        super().__init__(**kwargs)
+        self.reduce: Optional[Reducer] = None
+        self._main_loop: Optional["MainLoop"] = None
+
+    @property
+    def main_loop(self) -> "MainLoop":
+        """The loop; setting it (as ``MainLoop`` does) binds and checks the metrics."""
+        if self._main_loop is None:
+            raise AttributeError(NOT_BOUND.format(name=self.name))
+        return self._main_loop
+
+    @main_loop.setter
+    def main_loop(self, loop: "MainLoop") -> None:
+        self._main_loop = loop
+        self._bind(loop)
+
+    def _bind(self, loop: "MainLoop") -> None:
+        raise NotImplementedError
+
+    def _metrics_on_outputs(self, loop: "MainLoop") -> List[Tuple[str, Metric]]:
+        return _bind_outputs(self._keyed, self._parsed, loop.manager.output_names)
+
+
+class Evaluate(_MetricsExtension):
+    """Evaluate metrics of named outputs on several data iterators.
+
+    Each iterator runs through the network (``is_train=False``) with the
+    current parameters, and every metric of every output gets a record named
+    ``<iterator>_<output>_<metric>`` (``valid_softmax_accuracy``), or
+    ``<iterator>_<metric>`` (``valid_accuracy``) when the symbol has one
+    output. Metric names (:data:`mxoid.metrics.DEVICE_METRIC_NAMES`) are
+    computed on the devices and are means over every real sample of the
+    iterator, as NumPy computes them on the whole data set: padding in the
+    last batch never counts. ``mx.metric.EvalMetric`` objects and functions
+    ``f(label, pred) -> float`` are computed on the host (see
+    :func:`mxoid.metrics.create_metrics`).
+
+    Iterators may have another batch size than training: executors are bound
+    for their shapes once, sharing the training parameters. Each iterator is
+    reset before and after use. Evaluation changes neither the parameters nor
+    the training iterator.
+
+    Parameters
+    ----------
+    iterators : dict of str to mx.io.DataIter
+        Name (the record prefix) -> iterator. Labels are found by name: the
+        label of output ``'softmax'`` is ``'softmax_label'`` (any one label
+        for a symbol with one output).
+    metrics : dict or metric or list of metrics
+        Output name (``'softmax'`` or ``'softmax_output'``) -> metric or list
+        of metrics; a metric or list alone when the symbol has one output.
+    **kwargs
+        Firing conditions and options of :class:`Extension`. Without any
+        firing condition, it fires after every epoch (``every_n_epochs=1``).
+
+    Attributes
+    ----------
+    iterators : dict of str to mx.io.DataIter
+    reduce : callable or None
+        Hook for distributed training: when set, it maps the ``(sum, count)``
+        rows of an iterator's metrics (a NumPy array, see
+        :meth:`mxoid.metrics.MetricAccumulator.totals`) to their sums over
+        the workers, before the division. None: this worker's values.
+
+    Raises
+    ------
+    ValueError
+        At construction for unknown metric names; when the loop attaches it,
+        for unknown outputs, missing labels or shapes a metric cannot use.
+
+    Examples
+    --------
+    >>> Evaluate({"valid": valid_iter, "test": test_iter},
+    ...          metrics={"softmax": "acc", "reg": ["mse", "mae"]})
+    """
+
+    def __init__(self, iterators: Mapping[str, mx.io.DataIter], metrics: MetricsSpec,
+                 **kwargs: Any) -> None:
+        if not isinstance(iterators, Mapping) or not iterators:
+            raise TypeError("iterators must be a non-empty dict of name -> mx.io.DataIter, e.g. "
+                            f"{{'valid': valid_iter}}; got {type(iterators).__name__}")
+        for name, iterator in iterators.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"iterator names are the record prefixes, non-empty strings; "
+                                 f"got {name!r}")
+            for attribute in ("provide_data", "provide_label", "reset"):
+                if not hasattr(iterator, attribute):
+                    raise TypeError(f"iterator {name!r} must be an mx.io.DataIter (it has no "
+                                    f"{attribute}); got {type(iterator).__name__}")
+        if not any(kwargs.get(keyword) for keyword in _FIRING_KEYWORDS):
+            kwargs["every_n_epochs"] = 1
+        super().__init__(metrics, **kwargs)
+        self.iterators: Dict[str, mx.io.DataIter] = dict(iterators)
+        self._accumulators: Dict[str, MetricAccumulator] = {}
+        self._records: Dict[str, List[str]] = {}
+
+    def _bind(self, loop: "MainLoop") -> None:
+        bound = self._metrics_on_outputs(loop)
+        single = len(loop.manager.output_names) == 1
+        self._accumulators, self._records = {}, {}
+        for name, iterator in self.iterators.items():
+            self._records[name] = _record_names(name, bound, single)
+            label_names = [desc[0] for desc in iterator.provide_label or ()]
+            try:
+                for output, _ in bound:
+                    label_for_output(output, loop.manager.output_names, label_names)
+                manager = loop.manager.evaluation_manager(iterator.provide_data,
+                                                          iterator.provide_label)
+                self._accumulators[name] = MetricAccumulator(manager, bound)
+            except ValueError as error:
+                raise ValueError(f"{self.name}, iterator {name!r}: {error}") from None
+
+    def do(self, which_callback: str, *args: Any) -> None:
+        """Evaluate every iterator and write the records into the current row."""
+        self.main_loop.log.current_row.update(self.evaluate())
+
+    def evaluate(self) -> Dict[str, float]:
+        """Run every iterator through the network now and return the records by name."""
+        if self._main_loop is None:
+            raise RuntimeError(NOT_BOUND.format(name=self.name))
+        records: Dict[str, float] = {}
+        for name, iterator in self.iterators.items():
+            records.update(zip(self._records[name], self._evaluate(name, iterator)))
+        return records
+
+    def _evaluate(self, name: str, iterator: mx.io.DataIter) -> List[float]:
+        accumulator = self._accumulators[name]
+        manager = accumulator.manager
+        accumulator.reset()
+        iterator.reset()
+        try:
+            for batch in iterator:
+                manager.load_data_batch(batch)
+                manager.forward(is_train=False)
+                accumulator.update()
+        finally:
+            iterator.reset()
+        if accumulator.rows == 0:
+            raise ValueError(f"{self.name}: iterator {name!r} yielded no samples; is it empty?")
+        return accumulator.values(self.reduce)
+
+
+class TrainingMonitoring(_MetricsExtension):
+    """Metrics of named outputs over the training batches, without per-batch host sync.
+
+    After every batch the metrics are added to running sums on the devices
+    (one cached operator call per device, no ``asnumpy``); the sums are read,
+    written as records and reset only when the extension fires: at the end of
+    each epoch and, with ``every_n_batches``, every N batches. Each write
+    covers the batches since the previous write (or the start of training).
+    Records are named ``train_<output>_<metric>``, or ``train_<metric>`` when
+    the symbol has one output; values are means over the real samples of
+    those batches (padding never counts), computed on the outputs of the
+    training forward pass (``is_train=True``: with dropout, for instance).
+
+    ``mx.metric.EvalMetric`` objects and functions are accepted too, but they
+    are computed on the host and synchronize every batch.
+
+    Parameters
+    ----------
+    metrics : dict or metric or list of metrics
+        As for :class:`Evaluate`.
+    every_n_batches : int, optional
+        Also write every N batches.
+    **kwargs
+        Other firing conditions and options of :class:`Extension`;
+        ``after_epoch=True`` by default.
+
+    Attributes
+    ----------
+    reduce : callable or None
+        Hook for distributed training, as in :class:`Evaluate`.
+    accumulator : MetricAccumulator
+        The running sums (set when the loop attaches the extension).
+
+    Examples
+    --------
+    >>> TrainingMonitoring({"softmax": ["acc", "ce"]}, every_n_batches=100)
+    """
+
+    def __init__(self, metrics: MetricsSpec, every_n_batches: Optional[int] = None,
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("after_epoch", True)
+        super().__init__(metrics, every_n_batches=every_n_batches, **kwargs)
+        self.accumulator: Optional[MetricAccumulator] = None
+        self._records: List[str] = []
+
+    def _bind(self, loop: "MainLoop") -> None:
+        bound = self._metrics_on_outputs(loop)
+        self._records = _record_names("train", bound, len(loop.manager.output_names) == 1)
+        try:
+            self.accumulator = MetricAccumulator(loop.manager, bound)
+        except ValueError as error:
+            raise ValueError(f"{self.name}: {error}") from None
+
+    def after_batch(self, batch: Any) -> None:
+        """Add the batch to the running sums (no host sync), then fire if a condition holds."""
+        self.accumulator.update()
+        if "after_batch" in self.conditions:
+            super().after_batch(batch)
+
+    def do(self, which_callback: str, *args: Any) -> None:
+        """Write the records over the batches since the last write, and reset the sums."""
+        accumulator = self.accumulator
+        if accumulator.rows == 0:
+            return
+        self.main_loop.log.current_row.update(zip(self._records, accumulator.values(self.reduce)))
+        accumulator.reset()

@@ -1,0 +1,445 @@
+"""Evaluate and TrainingMonitoring against NumPy and MXNet's own metrics."""
+import logging
+
+import mxnet as mx
+import numpy as np
+import pytest
+
+from mxoid import Extension, FinishAfter, MainLoop
+from mxoid.extensions.monitoring import Evaluate, TrainingMonitoring
+from mxoid.metrics import DeviceMetric, HostMetric, MetricAccumulator, create_metrics
+
+from conftest import TWO_CPUS, classification_data, initial_params, mlp, two_heads
+
+LEARNING = {"learning_rate": 0.05, "momentum": 0.9}
+
+
+def regression_target(X):
+    return (0.5 * X[:, 0] - 0.3 * X[:, 1]).astype("float32")
+
+
+_X, _Y = classification_data(n=300, seed=0)
+SPLITS = {"train": slice(0, 100), "valid": slice(100, 184), "test": slice(184, 244),
+          "other": slice(244, 300)}
+
+
+def dataset(split, n=None):
+    """Rows of one split of the same blobs (the first n rows when n is given)."""
+    rows = SPLITS[split]
+    return _X[rows][:n], _Y[rows][:n]
+
+
+def iterator(X, y, batch_size, **kwargs):
+    return mx.io.NDArrayIter(X, {"softmax_label": y, "reg_label": regression_target(X)},
+                             batch_size=batch_size, **kwargs)
+
+
+def numpy_forward(params, X):
+    """The two_heads network by hand: class probabilities and regression output."""
+    p = {k: v.asnumpy().astype("float64") for k, v in params.items()}
+    hidden = np.tanh(X @ p["fc1_weight"].T + p["fc1_bias"])
+    logits = hidden @ p["cls_weight"].T + p["cls_bias"]
+    logits -= logits.max(axis=1, keepdims=True)
+    prob = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+    return prob, (hidden @ p["regfc_weight"].T + p["regfc_bias"])[:, 0]
+
+
+def numpy_metrics(params, X, y):
+    prob, reg = numpy_forward(params, X)
+    error = regression_target(X) - reg
+    return {"softmax_accuracy": np.mean(prob.argmax(axis=1) == y),
+            "softmax_cross_entropy": np.mean(-np.log(prob[np.arange(len(y)), y.astype(int)] + 1e-12)),
+            "reg_mse": np.mean(error ** 2), "reg_mae": np.mean(np.abs(error))}
+
+
+def module_accuracy(params, it):
+    """Module.score's accuracy on the softmax output of two_heads."""
+    module = mx.mod.Module(two_heads(), label_names=["softmax_label", "reg_label"],
+                           context=mx.cpu(), logger=logging.getLogger("quiet"))
+    module.bind(it.provide_data, it.provide_label, for_training=False)
+    module.set_params(params, {})
+    metric = mx.metric.Accuracy(output_names=["softmax_output"], label_names=["softmax_label"])
+    return dict(module.score(it, metric))["accuracy"]
+
+
+def two_head_loop(extensions, train=None):
+    """A loop training two_heads on two CPU contexts (batches of 20 by default)."""
+    if train is None:
+        train = iterator(*dataset("train"), 20)
+    net = two_heads()
+    return MainLoop(net, train, contexts=TWO_CPUS, optimizer_params=dict(LEARNING),
+                    arg_params=initial_params(net, (20, 10)), extensions=extensions)
+
+
+class Check(Extension):
+    """Calls ``check(loop)`` at the end of each epoch, after the extensions before it."""
+
+    def __init__(self, check):
+        super().__init__(after_epoch=True)
+        self.check = check
+
+    def do(self, which_callback, *args):
+        self.check(self.main_loop)
+
+
+# ----------------------------------------------------------------- Evaluate
+def test_evaluate_two_outputs_on_two_iterators_equals_numpy_every_epoch():
+    # valid: 84 rows by 16 -> last batch has 4 real rows (device 0: 4, device 1: 0);
+    # test: 60 rows by 30, no padding, so Module.score is exact there.
+    Xv, yv = dataset("valid")
+    Xt, yt = dataset("test")
+    evaluate = Evaluate({"valid": iterator(Xv, yv, 16, last_batch_handle="pad"),
+                         "test": iterator(Xt, yt, 30)},
+                        metrics={"softmax": ["acc", "ce"], "reg_output": ["mse", "mae"]})
+    seen = []
+
+    def check(loop):
+        params = loop.get_params()[0]
+        row = loop.log.current_row  # written by Evaluate in this same after_epoch
+        for name, X, y in (("valid", Xv, yv), ("test", Xt, yt)):
+            expected = numpy_metrics(params, X, y)
+            for metric, value in expected.items():
+                assert row[f"{name}_{metric}"] == pytest.approx(value, rel=1e-5, abs=1e-7), metric
+        assert row["test_softmax_accuracy"] == module_accuracy(params, iterator(Xt, yt, 30))
+        seen.append(dict(row))
+
+    loop = two_head_loop([evaluate, Check(check), FinishAfter(after_n_epochs=3)])
+    loop.run()
+    assert len(seen) == 3
+    assert sorted(k for k in seen[0] if k.startswith("valid")) == [
+        "valid_reg_mae", "valid_reg_mse", "valid_softmax_accuracy", "valid_softmax_cross_entropy"]
+    # Training changed the weights, and each evaluation used the new ones.
+    assert len({row["valid_reg_mse"] for row in seen}) == 3
+    assert seen[-1]["valid_reg_mse"] < seen[0]["valid_reg_mse"]
+
+
+def test_padding_rows_do_not_count():
+    # The padded last batch repeats the first rows; counting them would change the means.
+    X, y = dataset("valid")
+    loop = two_head_loop([FinishAfter(after_n_epochs=1)])
+    evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")},
+                        {"softmax": "ce", "reg": "mse"})
+    evaluate.main_loop = loop
+    records = evaluate.evaluate()
+    expected = numpy_metrics(loop.get_params()[0], X, y)
+    padded = numpy_metrics(loop.get_params()[0], np.concatenate([X, X[:12]]),
+                           np.concatenate([y, y[:12]]))
+    assert records["valid_reg_mse"] == pytest.approx(expected["reg_mse"], rel=1e-5)
+    assert records["valid_reg_mse"] != pytest.approx(padded["reg_mse"], rel=1e-3)
+    assert records["valid_softmax_cross_entropy"] == pytest.approx(
+        expected["softmax_cross_entropy"], rel=1e-5)
+
+
+def test_evaluate_changes_neither_parameters_nor_training():
+    def final_params(with_evaluate):
+        X, y = dataset("train")
+        extensions = [FinishAfter(after_n_epochs=2)]
+        if with_evaluate:
+            Xv, yv = dataset("other", 50)
+            # 'same' has the training batch size, so it runs on the training executors.
+            extensions.insert(0, Evaluate({"same": iterator(Xv, yv, 20, last_batch_handle="pad"),
+                                           "other": iterator(Xv, yv, 15, last_batch_handle="pad")},
+                                          {"softmax": "acc", "reg": "mse"}, every_n_batches=2))
+        loop = two_head_loop(extensions, train=iterator(X, y, 20))
+        loop.run()
+        return {k: v.asnumpy() for k, v in loop.get_params()[0].items()}
+
+    plain, evaluated = final_params(False), final_params(True)
+    # Not bit-exact: MKLDNN kernels may round the last bit differently from one run to the
+    # next in a process. One changed update or skipped batch moves weights by far more.
+    for name in plain:
+        np.testing.assert_allclose(plain[name], evaluated[name], rtol=1e-6, atol=1e-7,
+                                   err_msg=name)
+
+
+def test_evaluate_accepts_eval_metric_objects_and_functions():
+    X, y = dataset("valid")
+
+    def mean_absolute_error(label, pred):
+        return float(np.mean(np.abs(label - pred.ravel())))
+
+    user_accuracy = mx.metric.Accuracy()
+    evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")},
+                        {"softmax": [user_accuracy, mx.metric.CrossEntropy()],
+                         "reg": mean_absolute_error})
+    loop = two_head_loop([evaluate, FinishAfter(after_n_epochs=1)])
+    loop.run()
+    expected = numpy_metrics(loop.get_params()[0], X, y)
+    row = loop.log[loop.status.iterations_done]
+    assert row["valid_softmax_accuracy"] == pytest.approx(expected["softmax_accuracy"], abs=1e-12)
+    assert row["valid_softmax_cross_entropy"] == pytest.approx(expected["softmax_cross_entropy"],
+                                                               rel=1e-5)
+    assert row["valid_reg_mean_absolute_error"] == pytest.approx(expected["reg_mae"], rel=1e-5)
+    assert user_accuracy.num_inst == 0  # the user's object is copied, not updated
+
+
+def test_other_device_metrics_equal_numpy_and_mxnet():
+    X, y = dataset("valid")
+    loop = two_head_loop([FinishAfter(after_n_epochs=1)])
+    loop.run()
+    evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")},
+                        {"softmax": ["top_k_accuracy_2", "nll_loss"], "reg": "rmse"})
+    evaluate.main_loop = loop
+    records = evaluate.evaluate()
+    params = loop.get_params()[0]
+    prob, reg = numpy_forward(params, X)
+    top2 = np.argsort(-prob, axis=1)[:, :2]
+    assert records["valid_softmax_top_k_accuracy_2"] == pytest.approx(
+        np.mean((top2 == y[:, None]).any(axis=1)), abs=1e-12)
+    mxnet_top2 = mx.metric.TopKAccuracy(top_k=2)
+    mxnet_top2.update([mx.nd.array(y)], [mx.nd.array(prob)])
+    assert records["valid_softmax_top_k_accuracy_2"] == pytest.approx(mxnet_top2.get()[1], abs=1e-12)
+    assert records["valid_softmax_nll_loss"] == pytest.approx(
+        np.mean(-np.log(prob[np.arange(len(y)), y.astype(int)] + 1e-12)), rel=1e-5)
+    assert records["valid_reg_rmse"] == pytest.approx(
+        np.sqrt(np.mean((regression_target(X) - reg) ** 2)), rel=1e-5)
+
+
+def test_a_user_device_metric_is_computed_on_the_devices():
+    def squared_log_error(pred, label, pred_shape, label_shape):
+        diff = mx.sym.log1p(mx.sym.abs(pred)) - mx.sym.log1p(mx.sym.abs(
+            mx.sym.reshape(label, shape=pred_shape)))
+        return mx.sym.sum(mx.sym.square(diff), axis=1), pred_shape[1]
+
+    X, y = dataset("valid")
+    loop = two_head_loop([FinishAfter(after_n_epochs=1)])
+    evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")},
+                        {"reg": DeviceMetric("msle", squared_log_error)})
+    evaluate.main_loop = loop
+    _, reg = numpy_forward(loop.get_params()[0], X)
+    expected = np.mean((np.log1p(np.abs(reg)) - np.log1p(np.abs(regression_target(X)))) ** 2)
+    assert evaluate.evaluate()["valid_reg_msle"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_evaluate_fires_every_epoch_unless_told_otherwise():
+    X, y = dataset("train")
+    Xv, yv = dataset("test", 30)
+    every, second = (Evaluate({name: iterator(Xv, yv, 10)}, {"softmax": "acc"}, **kwargs)
+                     for name, kwargs in (("every", {}), ("second", {"every_n_epochs": 2})))
+    loop = two_head_loop([every, second, FinishAfter(after_n_epochs=4)], train=iterator(X, y, 20))
+    loop.run()
+    assert [i for i, row in loop.log.items() if "every_softmax_accuracy" in row] == [5, 10, 15, 20]
+    assert [i for i, row in loop.log.items() if "second_softmax_accuracy" in row] == [10, 20]
+
+
+def test_reduce_hook_sees_sums_and_counts_before_the_division():
+    X, y = dataset("valid")
+    loop = two_head_loop([FinishAfter(after_n_epochs=1)])
+    evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")}, {"softmax": "acc"})
+    evaluate.main_loop = loop
+    local = evaluate.evaluate()["valid_softmax_accuracy"]
+    seen = []
+
+    def two_workers_the_other_perfect(totals):
+        seen.append(totals.copy())
+        return totals + np.array([[84.0, 84.0]])
+
+    evaluate.reduce = two_workers_the_other_perfect
+    reduced = evaluate.evaluate()["valid_softmax_accuracy"]
+    assert seen[0].shape == (1, 2) and seen[0][0, 1] == 84
+    assert seen[0][0, 0] == pytest.approx(local * 84)
+    assert reduced == pytest.approx((local * 84 + 84) / 168)
+
+
+# ------------------------------------------------------- TrainingMonitoring
+class CountHostSyncs:
+    """Counts asnumpy / asscalar / wait_to_read / waitall calls."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        for owner, name in ((mx.nd.NDArray, "asnumpy"), (mx.nd.NDArray, "asscalar"),
+                            (mx.nd.NDArray, "wait_to_read"), (mx.nd, "waitall")):
+            monkeypatch.setattr(owner, name, self._counting(getattr(owner, name)))
+
+    def _counting(self, original):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+        return counted
+
+
+class SyncProbe(Extension):
+    """Notes the sync count at the start of each epoch, after each batch and after each epoch."""
+
+    def __init__(self, counter):
+        super().__init__()
+        self.counter, self.notes = counter, []
+
+    def before_epoch(self):
+        self.notes.append(("before_epoch", self.counter.calls))
+
+    def after_batch(self, batch):
+        self.notes.append(("after_batch", self.counter.calls))
+
+    def after_epoch(self):
+        self.notes.append(("after_epoch", self.counter.calls))
+
+
+def test_training_monitoring_does_not_sync_per_batch(monkeypatch):
+    X, y = dataset("train", 90)  # 5 batches of 20, the last one padded
+    monitoring = TrainingMonitoring({"softmax": ["acc", "ce"], "reg": ["mse", "mae"]})
+    counter = CountHostSyncs(monkeypatch)
+    probe = SyncProbe(counter)
+    loop = two_head_loop([monitoring, probe, FinishAfter(after_n_epochs=2)], train=iterator(X, y, 20))
+    loop.run()
+    epochs = []
+    for hook, count in probe.notes:
+        if hook == "before_epoch":
+            epochs.append([count])
+        else:
+            epochs[-1].append(count)
+    assert len(epochs) == 2
+    for counts in epochs:
+        start, batches, end = counts[0], counts[1:-1], counts[-1]
+        assert len(batches) == 5
+        assert batches == [start] * 5  # no host sync in any batch
+        assert end > start  # the records were read at the end of the epoch
+    assert loop.log[5]["train_softmax_accuracy"] >= 0
+
+
+class OutputRecorder(Extension):
+    """Copies, after every batch, the real rows of the outputs and labels."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def after_batch(self, batch):
+        manager = self.main_loop.manager
+        valid = manager.valid_rows
+
+        def real(arrays):
+            return np.concatenate([a[:v].asnumpy() for a, v in zip(arrays, valid) if v])
+
+        self.batches.append({"iteration": self.main_loop.status.iterations_done,
+                             "prob": real(manager.outputs["softmax"]), "reg": real(manager.outputs["reg"]),
+                             "y": real(manager.labels["softmax_label"]),
+                             "t": real(manager.labels["reg_label"])})
+
+
+@pytest.mark.parametrize("n", [100, 90])
+def test_training_monitoring_equals_mxnet_accuracy_and_per_sample_means(n):
+    X, y = dataset("train", n)  # 5 batches of 20; with n=90 the last is padded
+    monitoring = TrainingMonitoring({"softmax": ["acc", "ce"], "reg": "mse"}, every_n_batches=3)
+    recorder = OutputRecorder()
+    loop = two_head_loop([monitoring, recorder, FinishAfter(after_n_epochs=2)],
+                         train=iterator(X, y, 20))
+    loop.run()
+    # Writes at batches 3, 6, 9 (every 3) and 5, 10 (epoch ends), each over the batches since
+    # the previous write.
+    written = sorted(i for i, row in loop.log.items() if "train_softmax_accuracy" in row)
+    assert written == [3, 5, 6, 9, 10]
+    start = 0
+    for end in written:
+        window = [b for b in recorder.batches if start < b["iteration"] <= end]
+        accuracy = mx.metric.Accuracy()
+        for b in window:
+            accuracy.update([mx.nd.array(b["y"])], [mx.nd.array(b["prob"])])
+        prob = np.concatenate([b["prob"] for b in window]).astype("float64")
+        labels = np.concatenate([b["y"] for b in window]).astype(int)
+        reg = np.concatenate([b["reg"] for b in window])[:, 0].astype("float64")
+        target = np.concatenate([b["t"] for b in window])
+        row = loop.log[end]
+        if n == 100:
+            assert row["train_softmax_accuracy"] == accuracy.get()[1]
+        assert row["train_softmax_accuracy"] == pytest.approx(
+            np.mean(prob.argmax(axis=1) == labels), abs=1e-12)
+        assert row["train_softmax_cross_entropy"] == pytest.approx(
+            np.mean(-np.log(prob[np.arange(len(labels)), labels] + 1e-12)), rel=1e-5)
+        assert row["train_reg_mse"] == pytest.approx(np.mean((target - reg) ** 2), rel=1e-5)
+        start = end
+
+
+# ---------------------------------------------------------- one output, order
+def test_one_output_names_and_order_within_after_epoch():
+    X, y = dataset("train")
+    Xv, yv = dataset("test", 30)
+    seen = []
+
+    def check(loop):
+        row = loop.log.current_row  # both records were written earlier in this after_epoch
+        seen.append((row["valid_accuracy"], row["train_accuracy"]))
+        p = {k: v.asnumpy() for k, v in loop.get_params()[0].items()}
+        hidden = np.maximum(Xv @ p["fc1_weight"].T + p["fc1_bias"], 0)
+        scores = hidden @ p["fc2_weight"].T + p["fc2_bias"]
+        assert row["valid_accuracy"] == pytest.approx(np.mean(scores.argmax(axis=1) == yv))
+
+    net = mlp()
+    loop = MainLoop(net, mx.io.NDArrayIter(X, y, batch_size=25, label_name="softmax_label"),
+                    contexts=TWO_CPUS, optimizer_params=dict(LEARNING), extensions=[
+                        Evaluate({"valid": mx.io.NDArrayIter(Xv, yv, batch_size=8,
+                                                             label_name="softmax_label")}, "acc"),
+                        TrainingMonitoring(["acc"]), Check(check), FinishAfter(after_n_epochs=2)])
+    loop.run()
+    assert seen == [(loop.log[4]["valid_accuracy"], loop.log[4]["train_accuracy"]),
+                    (loop.log[8]["valid_accuracy"], loop.log[8]["train_accuracy"])]
+
+
+# -------------------------------------------------------------------- errors
+def test_unknown_metric_name_fails_at_construction():
+    with pytest.raises(ValueError, match="unknown metric 'accurcy'"):
+        TrainingMonitoring("accurcy")
+    with pytest.raises(TypeError, match="a metric is a name"):
+        create_metrics([3])
+
+
+def test_unknown_output_is_named_with_the_outputs():
+    X, y = dataset("test", 40)
+    with pytest.raises(ValueError, match=r"no output named 'softmx'.*\['softmax', 'reg'\]"):
+        two_head_loop([Evaluate({"valid": iterator(X, y, 20)}, {"softmx": "acc"}),
+                       FinishAfter(after_n_epochs=1)])
+
+
+def test_metrics_without_output_names_need_a_single_output():
+    with pytest.raises(ValueError, match="without output names.*2 outputs"):
+        two_head_loop([TrainingMonitoring("acc"), FinishAfter(after_n_epochs=1)])
+
+
+def test_missing_label_is_reported_with_its_expected_name():
+    X, y = dataset("test", 40)
+    only_class = mx.io.NDArrayIter(X, {"softmax_label": y, "regression": regression_target(X)},
+                                   batch_size=20)
+    with pytest.raises(ValueError, match="iterator 'valid'.*'reg_label'"):
+        two_head_loop([Evaluate({"valid": only_class}, {"reg": "mse"}),
+                       FinishAfter(after_n_epochs=1)])
+
+
+def test_shapes_a_metric_cannot_compare_are_refused():
+    with pytest.raises(ValueError, match="metric 'mse' cannot compare an output of shape "
+                                         r"\(10, 3\) with a label of shape \(10,\)"):
+        two_head_loop([TrainingMonitoring({"softmax": "mse"}), FinishAfter(after_n_epochs=1)])
+
+
+def test_a_metric_given_twice_for_an_output_is_refused():
+    with pytest.raises(ValueError, match="train_softmax_accuracy"):
+        two_head_loop([TrainingMonitoring({"softmax": ["acc", "accuracy"]}),
+                       FinishAfter(after_n_epochs=1)])
+
+
+def test_metric_names_follow_mxnet_in_snake_case():
+    names = [m.name for m in create_metrics(["acc", "ce", "cross-entropy", "nll_loss", "rmse",
+                                             "top_k_accuracy_3", "f1", mx.metric.MAE()])]
+    assert names == ["accuracy", "cross_entropy", "cross_entropy", "nll_loss", "rmse",
+                     "top_k_accuracy_3", "f1", "mae"]
+    kinds = [type(m) for m in create_metrics(["acc", "f1", mx.metric.MAE(), len])]
+    assert kinds == [DeviceMetric, HostMetric, HostMetric, HostMetric]
+
+
+def test_accumulator_on_a_bare_manager_matches_numpy():
+    X, y = classification_data(n=50)
+    net = mlp()
+    it = mx.io.NDArrayIter(X, y, batch_size=16, label_name="softmax_label")  # padded last batch
+    loop = MainLoop(net, it, contexts=TWO_CPUS, extensions=[FinishAfter(after_n_epochs=1)])
+    manager = loop.manager.evaluation_manager(it.provide_data, it.provide_label)
+    accumulator = MetricAccumulator(manager, [("softmax_output", m) for m in create_metrics("acc")])
+    predictions = []
+    for batch in it:
+        manager.load_data_batch(batch)
+        manager.forward()
+        accumulator.update()
+        predictions.append(np.concatenate([o.asnumpy() for o in manager.outputs["softmax"]]))
+    prob = np.concatenate(predictions)[:50]
+    assert accumulator.rows == 50
+    assert accumulator.values() == [pytest.approx(np.mean(prob.argmax(axis=1) == y), abs=1e-12)]
+    accumulator.reset()
+    assert accumulator.rows == 0 and accumulator.totals()[0, 0] == 0
