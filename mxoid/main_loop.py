@@ -3,21 +3,21 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import signal
 import sys
-import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import mxnet as mx
 
-from .checkpoint import CheckpointContents, latest_checkpoint
-from .data_position import DataPosition, get_random_states, set_random_states
+from .data_position import DataPosition
 from .dispatch import HookDispatcher
 from .executor_manager import DataParallelExecutorManager
 from .extensions.base import Extension
+from .initialization import initial_params
 from .interrupt import InterruptHandlers
 from .log import TrainingLog, TrainingStatus
+from .resumption import (checkpoint_folder, find_checkpoint, loop_state, optimizer_states,
+                         restore_loop)
 from .update import (KVStoreLike, create_kvstore, create_optimizer, initialize_kvstore,
                      update_params, update_params_on_kvstore)
 
@@ -134,10 +134,10 @@ class MainLoop:
             symbol, self.contexts, train_data.provide_data, train_data.provide_label,
             work_load_list=work_load_list)
         self.exit_on_interrupt = exit_on_interrupt
-        checkpoint = _find_checkpoint(resume_from)
+        checkpoint = find_checkpoint(resume_from)
         if checkpoint is not None:
             arg_params, aux_params = checkpoint.arg_params, checkpoint.aux_params
-        arg_values, aux_values = _initial_params(self.manager, symbol, initializer,
+        arg_values, aux_values = initial_params(self.manager, symbol, initializer,
                                                  arg_params, aux_params)
         # Before the kvstore is initialized: with several devices it holds
         # the master copy, which would overwrite values set later.
@@ -169,7 +169,8 @@ class MainLoop:
         self.dispatcher = HookDispatcher(self.extensions, rank=self.status.rank)
         self.resumed_from: Optional[str] = None
         if checkpoint is not None:
-            self._restore(checkpoint)
+            restore_loop(self, checkpoint)
+            self.resumed_from = checkpoint.path
 
     # ----------------------------------------------------------------- setup
     def _make_update(self):
@@ -272,7 +273,7 @@ class MainLoop:
         status = self.status
         saved = self.log.last("checkpoint_saved_to", None)
         where = (f"The last checkpoint is {saved}; resume with "
-                 f"MainLoop(..., resume_from={_checkpoint_folder(saved)!r})." if saved else
+                 f"MainLoop(..., resume_from={checkpoint_folder(saved)!r})." if saved else
                  "No checkpoint was saved: add mxoid.extensions.Checkpoint(directory) to resume "
                  "interrupted runs.")
         message = (f"Training interrupted by {status.interrupted} after {status.epochs_done} "
@@ -300,55 +301,12 @@ class MainLoop:
         position. Parameters and optimizer states are saved apart, in MXNet's
         own formats (see :mod:`mxoid.checkpoint`).
         """
-        return {"log": self.log.state_dict(),
-                "status": self.status.state_dict(),
-                "extensions": {key: extension.state_dict() for key, extension
-                               in _extension_keys(self.extensions).items()},
-                "random": get_random_states(),
-                "data_position": self.data_position.state_dict(),
-                "num_devices": len(self.contexts),
-                "update_on_kvstore": self.update_on_kvstore}
+        return loop_state(self)
 
     def optimizer_states(self) -> Optional[bytes]:
         """Return the optimizer and its states as MXNet dumps them, or None with a
         distributed kvstore (whose states live on the servers)."""
-        if self.update_on_kvstore:
-            updater = getattr(self.kvstore, "_updater", None)
-            return None if updater is None else updater.get_states(dump_optimizer=True)
-        return self.updater.get_states(dump_optimizer=True)
-
-    def _restore(self, checkpoint: CheckpointContents) -> None:
-        state = checkpoint.loop_state
-        for key, here in (("num_devices", len(self.contexts)),
-                          ("update_on_kvstore", self.update_on_kvstore)):
-            if state[key] != here:
-                raise ValueError(f"checkpoint {checkpoint.path} was saved with {key}={state[key]}, "
-                                 f"this loop has {key}={here}; resume with the same contexts "
-                                 "and kvstore settings")
-        if checkpoint.optimizer_states is not None:
-            updater = self.kvstore._updater if self.update_on_kvstore else self.updater
-            updater.set_states(checkpoint.optimizer_states)
-            self.optimizer = updater.optimizer
-        self.log.load_state_dict(state["log"])
-        status = self.status
-        status.load_state_dict(state["status"])
-        status.stop_requested, status.stop_reason = False, None
-        status.training_finished, status.epoch_interrupt_received = False, False
-        status.interrupted = None
-        if self.kvstore is not None:
-            status.rank, status.num_workers = self.kvstore.rank, self.kvstore.num_workers
-        saved = state["extensions"]
-        for key, extension in _extension_keys(self.extensions).items():
-            if key in saved:
-                extension.load_state_dict(saved[key])
-        self.data_position.restore(state["data_position"], status.epochs_done,
-                                   status.epoch_started, status.iterations_done_in_epoch)
-        set_random_states(state["random"])
-        if state.get("mxnet_seed") is not None:
-            mx.random.seed(int(state["mxnet_seed"]))
-        self.resumed_from = checkpoint.path
-        logger.info("resumed from %s after %d epochs, %d batches", checkpoint.path,
-                    status.epochs_done, status.iterations_done)
+        return optimizer_states(self)
 
     # ------------------------------------------------------------ parameters
     def get_params(self):
@@ -367,32 +325,6 @@ class MainLoop:
             print(f"{name:<24}{hook:<18}{calls:>10}{seconds:>12.4f}{per_call:>10.1f}")
 
 
-def _find_checkpoint(resume_from: Optional[str]) -> Optional[CheckpointContents]:
-    if resume_from is None:
-        return None
-    checkpoint = latest_checkpoint(resume_from)
-    if checkpoint is None:
-        warnings.warn(f"resume_from={resume_from!r} holds no whole checkpoint yet: "
-                      "training starts from scratch", stacklevel=3)
-    return checkpoint
-
-
-def _checkpoint_folder(path: str) -> str:
-    return os.path.dirname(os.path.abspath(path))
-
-
-def _extension_keys(extensions: Sequence[Extension]) -> Dict[str, Extension]:
-    """Extensions by a key unique in the loop: the name, then ``name#2``... for repeats."""
-    keys: Dict[str, Extension] = {}
-    for extension in extensions:
-        key, count = extension.name, 1
-        while key in keys:
-            count += 1
-            key = f"{extension.name}#{count}"
-        keys[key] = extension
-    return keys
-
-
 def _check_extensions(extensions: Sequence[Extension]) -> List[Extension]:
     extensions = list(extensions)
     for extension in extensions:
@@ -402,39 +334,3 @@ def _check_extensions(extensions: Sequence[Extension]) -> List[Extension]:
     if not any(extension.stops_training for extension in extensions):
         raise ValueError(NOTHING_STOPS)
     return extensions
-
-
-def _initial_params(manager: DataParallelExecutorManager, symbol: mx.sym.Symbol,
-                    initializer: Optional[mx.init.Initializer],
-                    arg_params: Optional[Mapping[str, mx.nd.NDArray]],
-                    aux_params: Optional[Mapping[str, mx.nd.NDArray]]):
-    """Host values for every parameter: the given ones, the rest from the initializer.
-
-    Missing values are drawn in sorted name order, as ``Module.init_params`` does.
-    """
-    initializer = initializer or mx.init.Uniform(0.01)
-    attrs = symbol.attr_dict()
-    values = []
-    for given, names, arrays in ((arg_params, manager.param_names, manager.param_arrays),
-                                 (aux_params, manager.aux_names, manager.aux_arrays)):
-        given = dict(given or {})
-        shapes = {n: a[0] for n, a in zip(names, arrays)}
-        unknown = sorted(set(given) - set(shapes))
-        if unknown:
-            raise ValueError(f"initial parameters {unknown} are not parameters of the symbol; "
-                             f"its parameters are {sorted(shapes)}")
-        result = {}
-        for name in sorted(shapes):
-            template = shapes[name]
-            if name in given:
-                value = given[name]
-                if tuple(value.shape) != template.shape:
-                    raise ValueError(f"initial value of {name!r} has shape {tuple(value.shape)}, "
-                                     f"the symbol needs {template.shape}")
-                result[name] = mx.nd.array(value, ctx=mx.cpu(), dtype=template.dtype)
-            else:
-                array = mx.nd.zeros(template.shape, ctx=mx.cpu(), dtype=template.dtype)
-                initializer(mx.init.InitDesc(name, attrs.get(name, None)), array)
-                result[name] = array
-        values.append(result)
-    return values[0], values[1]
