@@ -2,6 +2,10 @@
 from .executor_manager import DataParallelExecutorManager
 from .checkpoint import CheckpointError
 from .extensions import Checkpoint, Extension, FinishAfter
+from .extensions import (CSVLog, EarlyStopping, JSONLinesLog, LearningRateSchedule, NaNGuard,
+                         Printing, ProgressBar, Timing, TrackBest)
+from .log_files import read_log
+from .extensions import Evaluate, TrainingMonitoring
 from .log import TrainingLog, TrainingStatus
 from .main_loop import MainLoop
 
@@ -16,4 +20,16 @@ __all__ = [
     "MainLoop",
     "TrainingLog",
     "TrainingStatus",
+    "CSVLog",
+    "EarlyStopping",
+    "JSONLinesLog",
+    "LearningRateSchedule",
+    "NaNGuard",
+    "Printing",
+    "ProgressBar",
+    "Timing",
+    "TrackBest",
+    "read_log",
+    "Evaluate",
+    "TrainingMonitoring",
 ]

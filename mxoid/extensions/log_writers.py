@@ -1,0 +1,224 @@
+"""Writing the training log to files as it grows: JSON lines and CSV.
+
+The formats, and :func:`~mxoid.log_files.read_log` to read them back, are
+in :mod:`mxoid.log_files`.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from datetime import datetime
+from typing import IO, Any, Dict, List, Optional
+
+from .. import log_files
+from ..log_files import EPOCHS_DONE, ITERATION, RESERVED_NAMES, RUN
+from .base import Extension
+from .records import plain_value
+
+__all__ = ["CSVLog", "JSONLinesLog"]
+
+
+class _LogFileWriter(Extension):
+    """Writes each row of the log once it is complete, one line per row.
+
+    Row ``i`` is complete once the loop has moved past it: rows before the
+    current one are written after each batch, and the rest (the current
+    row) when training ends or fails. Every write is flushed; with
+    ``fsync=True`` it also reaches the disk before training goes on.
+    Subclasses open the file for a new run and write a row.
+    """
+
+    rank_zero_only = True
+
+    def __init__(self, path: "os.PathLike[str] | str", *, fsync: bool = False,
+                 name: Optional[str] = None, priority: float = 1000,
+                 rank_zero_only: Optional[bool] = None) -> None:
+        super().__init__(name=name, priority=priority, rank_zero_only=rank_zero_only)
+        self.path = os.fspath(path)
+        self.fsync = fsync
+        self.file: Optional[IO[str]] = None
+        self.run = 0
+        self._next_row = 0
+
+    def before_training(self) -> None:
+        self._start()
+
+    def on_resumption(self) -> None:
+        self._start()
+
+    def after_batch(self, batch: Any) -> None:
+        log = self.main_loop.log
+        done = self.main_loop.status.iterations_done
+        for iteration in range(self._next_row, done):
+            if iteration in log:
+                self._write_row(iteration, log[iteration])
+        self._next_row = max(self._next_row, done)
+
+    def on_interrupt(self) -> None:
+        # after_training follows and writes the current row.
+        self._flush()
+
+    def after_training(self) -> None:
+        self._finish()
+
+    def on_error(self, exception: BaseException) -> None:
+        self._finish()
+
+    def _start(self) -> None:
+        self._close()
+        contents = None
+        if os.path.exists(self.path):
+            log_files.cut_torn_line(self.path)
+            if os.path.getsize(self.path) > 0:
+                contents = log_files.parse_log_file(self.path)
+        self.run = contents.runs + 1 if contents is not None else 1
+        self._next_row = self.main_loop.status.iterations_done
+        self._open(contents)
+
+    def _finish(self) -> None:
+        if self.file is None:
+            return
+        log = self.main_loop.log
+        try:
+            for iteration in log:
+                if iteration >= self._next_row:
+                    self._write_row(iteration, log[iteration])
+            self._next_row = self.main_loop.status.iterations_done + 1
+        finally:
+            self._close()
+
+    def _write_row(self, iteration: int, row: Dict[str, Any]) -> None:
+        values = {ITERATION: iteration, EPOCHS_DONE: self.main_loop.status.epochs_done}
+        for name, value in row.items():
+            if name in RESERVED_NAMES:
+                raise ValueError(f"{self.name}: record name {name!r} is reserved in log files "
+                                 f"({', '.join(RESERVED_NAMES)}); rename the record")
+            values[name] = plain_value(value)
+        self._write_values(values)
+        self._flush()
+
+    def _flush(self) -> None:
+        if self.file is not None:
+            self.file.flush()
+            if self.fsync:
+                os.fsync(self.file.fileno())
+
+    def _close(self) -> None:
+        if self.file is not None:
+            self._flush()
+            self.file.close()
+            self.file = None
+
+    def _open(self, contents: Optional[log_files.LogFileContents]) -> None:
+        raise NotImplementedError
+
+    def _write_values(self, values: Dict[str, Any]) -> None:
+        raise NotImplementedError
+
+
+class JSONLinesLog(_LogFileWriter):
+    """Write the log to a JSON lines file: one object per row, as training goes.
+
+    Each run starts with a header line ``{"run": k, "started": ...,
+    "start_iteration": n}``, then one line per log row ``{"iteration": i,
+    "epochs_done": e, "<record>": value, ...}``, written once the row is
+    complete (when the next batch has been trained, or when training ends or
+    fails) and flushed, so a crash loses at most the current row. A run
+    appended to an existing file gets the next run number. NDArrays and
+    NumPy numbers become Python numbers; NaN and infinities are written as
+    the strings ``"NaN"``, ``"Infinity"``, ``"-Infinity"``. The exact format
+    is described in :mod:`mxoid.log_files`; read the file back with
+    :func:`mxoid.log_files.read_log`. Only the worker of rank 0 writes.
+
+    Parameters
+    ----------
+    path : str or path-like
+    fsync : bool, default False
+        Also force every line to the disk (``os.fsync``): survives a power
+        loss, at the cost of a disk write per row.
+    name, priority, rank_zero_only
+        As for :class:`Extension`; the priority is 1000 by default, so that
+        the last row holds what every other extension wrote when training
+        ended (a checkpoint's ``checkpoint_saved_to`` included).
+
+    Examples
+    --------
+    >>> JSONLinesLog("run/log.jsonl")
+    """
+
+    def _open(self, contents: Optional[log_files.LogFileContents]) -> None:
+        if contents is not None and contents.format != "jsonl":
+            raise ValueError(f"{self.name}: {self.path} is a {contents.format} log, not JSON lines")
+        self.file = open(self.path, "a", encoding="utf-8")
+        started = datetime.now().astimezone().isoformat(timespec="seconds")
+        self._write_line({RUN: self.run, "started": started,
+                          "start_iteration": self.main_loop.status.iterations_done})
+        self._flush()
+
+    def _write_values(self, values: Dict[str, Any]) -> None:
+        self._write_line({name: log_files.encode_json_value(v) for name, v in values.items()})
+
+    def _write_line(self, item: Dict[str, Any]) -> None:
+        self.file.write(json.dumps(item, allow_nan=False, ensure_ascii=False) + "\n")
+
+
+class CSVLog(_LogFileWriter):
+    """Write the log to a CSV file: one line per row, as training goes.
+
+    Columns: ``run``, ``iteration``, ``epochs_done``, then the records in
+    the order they first appear; a cell is empty when its row has no such
+    record. When a record appears that the header lacks, the file is
+    rewritten with the wider header (through a temporary file and
+    ``os.replace``, so it is never half-written), and stays valid CSV with
+    one header. A run appended to an existing file gets the next number in
+    the ``run`` column. Rows are written once complete and flushed, as in
+    :class:`JSONLinesLog`; the exact format is described in
+    :mod:`mxoid.log_files`. Only the worker of rank 0 writes.
+
+    Parameters
+    ----------
+    path : str or path-like
+    fsync : bool, default False
+        Also force every line to the disk (``os.fsync``).
+    name, priority, rank_zero_only
+        As for :class:`Extension`; the priority is 1000 by default, so that
+        the last row holds what every other extension wrote when training
+        ended (a checkpoint's ``checkpoint_saved_to`` included).
+
+    Examples
+    --------
+    >>> CSVLog("run/log.csv")
+    """
+
+    columns: List[str]
+
+    def _open(self, contents: Optional[log_files.LogFileContents]) -> None:
+        if contents is not None and contents.format != "csv":
+            raise ValueError(f"{self.name}: {self.path} is a {contents.format} log, not CSV")
+        self.columns = list(contents.columns) if contents is not None else []
+        self.file = open(self.path, "a", encoding="utf-8", newline="")
+
+    def _write_values(self, values: Dict[str, Any]) -> None:
+        values = {RUN: self.run, **values}
+        new = [name for name in values if name not in self.columns]
+        if new:
+            self._widen(self.columns + new)
+        cells = [log_files.encode_csv_cell(values.get(name)) for name in self.columns]
+        csv.writer(self.file, lineterminator="\n").writerow(cells)
+
+    def _widen(self, columns: List[str]) -> None:
+        """Rewrite the file with the header ``columns``, padding older lines with empty cells."""
+        self._close()
+        with open(self.path, encoding="utf-8", newline="") as f:
+            lines = list(csv.reader(f))[1:]
+        temporary = f"{self.path}.tmp{os.getpid()}"
+        with open(temporary, "w", encoding="utf-8", newline="") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(columns)
+            writer.writerows(cells + [""] * (len(columns) - len(cells)) for cells in lines)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, self.path)
+        self.columns = columns
+        self.file = open(self.path, "a", encoding="utf-8", newline="")

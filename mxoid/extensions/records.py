@@ -1,0 +1,101 @@
+"""Reading log records from extensions: freshness and conversion to plain Python values.
+
+Extensions that react to a record (:class:`~mxoid.extensions.TrackBest`,
+:class:`~mxoid.extensions.EarlyStopping`, :class:`~mxoid.extensions.NaNGuard`)
+must read each value once, when it is written, and never count a stale value
+again; :class:`RecordReader` does that. Extensions that show or store records
+(printing, progress bars, log files) turn NDArrays and NumPy scalars into
+Python values with :func:`plain_value`.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any, Optional
+
+import mxnet as mx
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..log import TrainingLog
+
+__all__ = ["MISSING", "RecordReader", "format_value", "plain_value", "to_float"]
+
+MISSING = object()
+"""Returned by :meth:`RecordReader.read` when there is no new value to read."""
+
+
+class RecordReader:
+    """Reads a record at most once per write, so that no value is counted twice.
+
+    A value is new when it was written in the current row (the row of
+    ``status.iterations_done``) and this reader has not read that row yet;
+    a record written again in the same row is read once.
+
+    Parameters
+    ----------
+    name : str
+        The record.
+
+    Attributes
+    ----------
+    checked_iteration : int or None
+        The row last read; part of the state of the extensions that use it.
+    """
+
+    def __init__(self, name: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a record name must be a non-empty str, got {name!r}")
+        self.name = name
+        self.checked_iteration: Optional[int] = None
+
+    def read(self, log: "TrainingLog") -> Any:
+        """Return the new value of the record, or :data:`MISSING`; never creates a row."""
+        iteration = log.status.iterations_done
+        if iteration == self.checked_iteration or log.last_iteration(self.name) != iteration:
+            return MISSING
+        self.checked_iteration = iteration
+        return log.last(self.name)
+
+
+def plain_value(value: Any) -> Any:
+    """Return ``value`` as a plain Python value: bool, int, float, str, None or a list of them.
+
+    NDArrays and NumPy arrays of one element become a Python scalar (an
+    NDArray is copied to the host, which waits for it to be computed); larger
+    arrays become nested lists. Anything else that is not a plain value
+    becomes its ``str``.
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, mx.nd.NDArray):
+        value = value.asnumpy()
+    if isinstance(value, np.ndarray):
+        return value.item() if value.size == 1 else value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, (list, tuple)):
+        return [plain_value(item) for item in value]
+    return str(value)
+
+
+def to_float(value: Any, name: str) -> float:
+    """Return a record holding one number as a float.
+
+    Raises
+    ------
+    TypeError
+        If the record is not a single number (a string, None, a bool or an
+        array of several elements).
+    """
+    value = plain_value(value)
+    if isinstance(value, (bool, str, list)) or value is None:
+        raise TypeError(f"record {name!r} must be a single number, got {value!r}")
+    return float(value)
+
+
+def format_value(value: Any) -> str:
+    """Return a short text for a record value: floats with 6 significant digits."""
+    value = plain_value(value)
+    if isinstance(value, float) and math.isfinite(value):
+        return f"{value:.6g}"
+    return str(value)

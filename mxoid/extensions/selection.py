@@ -1,0 +1,133 @@
+"""Model selection: keeping track of the best value of a record."""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional
+
+from .base import Extension
+from .records import MISSING, RecordReader, to_float
+
+__all__ = ["BestValue", "TrackBest"]
+
+MODES = ("min", "max")
+
+
+class BestValue:
+    """The best value seen so far, where lower (``'min'``) or higher (``'max'``) is better.
+
+    A value improves on the best when it beats it by more than ``min_delta``;
+    the first number seen is always an improvement, NaN never is.
+
+    Parameters
+    ----------
+    mode : {'min', 'max'}, default 'min'
+    min_delta : float, default 0
+        The smallest change that counts as an improvement.
+
+    Attributes
+    ----------
+    value : float or None
+        The best value, None before the first number.
+    iteration : int or None
+        The iteration (log row) of the best value.
+    """
+
+    def __init__(self, mode: str = "min", min_delta: float = 0.0) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+        if (isinstance(min_delta, bool) or not isinstance(min_delta, (int, float))
+                or not min_delta >= 0):
+            raise ValueError(f"min_delta must be a number >= 0, got {min_delta!r}")
+        self.mode = mode
+        self.min_delta = float(min_delta)
+        self.value: Optional[float] = None
+        self.iteration: Optional[int] = None
+
+    def improves(self, value: float) -> bool:
+        """True when ``value`` beats the best by more than ``min_delta``."""
+        if math.isnan(value):
+            return False
+        if self.value is None:
+            return True
+        if self.mode == "min":
+            return value < self.value - self.min_delta
+        return value > self.value + self.min_delta
+
+    def update(self, value: float, iteration: int) -> bool:
+        """Keep ``value`` as the best if it improves on it; return whether it did."""
+        if not self.improves(value):
+            return False
+        self.value, self.iteration = value, iteration
+        return True
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the best value and its iteration."""
+        return {"value": self.value, "iteration": self.iteration}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.value, self.iteration = state["value"], state["iteration"]
+
+
+class TrackBest(Extension):
+    """Record the best value of a record so far, and the iteration where it was reached.
+
+    Each time ``record`` is written (checked after every epoch by default;
+    give ``every_n_batches=N`` or ``after_batch=True`` for records written
+    between epochs), writes ``<record>_best_so_far`` (the best value) and
+    ``<record>_best_iteration`` (its row in the log) into the current row.
+    A new best was reached in a row exactly when ``<record>_best_iteration``
+    equals that row's iteration; a checkpoint that keeps the best model
+    tests that. Unlike Blocks' ``TrackTheBest``, ``<record>_best_so_far``
+    is the value, not a flag.
+
+    The extension runs at priority 10 by default: after the extensions that
+    write records (priority 0), before log writers and checkpoints.
+
+    Parameters
+    ----------
+    record : str
+        E.g. ``'valid_softmax_accuracy'``.
+    mode : {'min', 'max'}, default 'min'
+        Whether lower or higher is better.
+    **kwargs
+        Firing conditions and options of :class:`Extension`.
+
+    Attributes
+    ----------
+    best : BestValue
+        ``best.value`` and ``best.iteration``.
+
+    Examples
+    --------
+    >>> TrackBest("valid_accuracy", mode="max")
+    """
+
+    def __init__(self, record: str, mode: str = "min", **kwargs: Any) -> None:
+        self.reader = RecordReader(record)
+        self.best = BestValue(mode)
+        self.best_so_far_name = f"{record}_best_so_far"
+        self.best_iteration_name = f"{record}_best_iteration"
+        kwargs.setdefault("priority", 10)
+        kwargs.setdefault("after_epoch", True)
+        kwargs.setdefault("on_resumption", True)
+        super().__init__(**kwargs)
+
+    def do(self, which_callback: str, *args: Any) -> None:
+        log = self.main_loop.log
+        value = self.reader.read(log)
+        if value is MISSING:
+            return
+        self.best.update(to_float(value, self.reader.name), log.status.iterations_done)
+        if self.best.value is not None:
+            log.current_row[self.best_so_far_name] = self.best.value
+            log.current_row[self.best_iteration_name] = self.best.iteration
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the best value, its iteration and the row last checked."""
+        return {**self.best.state_dict(), "checked_iteration": self.reader.checked_iteration}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self.best.load_state_dict(state)
+        self.reader.checked_iteration = state["checked_iteration"]
