@@ -248,6 +248,13 @@ class HostMetric:
             return float(self.metric.sum_metric), float(self.metric.num_inst)
         return self._total, self._count
 
+    def restore_totals(self, total: float, count: float) -> None:
+        """Set the running ``(sum, count)``, as :meth:`totals` returned them."""
+        if isinstance(self.metric, mx.metric.EvalMetric):
+            self.metric.sum_metric, self.metric.num_inst = total, count
+        else:
+            self._total, self._count = total, count
+
     def value(self, total: float, count: float) -> float:
         """Return ``total / count``, or MXNet's own value for EvalMetrics that are not a ratio.
 
@@ -483,6 +490,27 @@ class MetricAccumulator:
         for metric, _, _ in self._host:
             metric.reset()
         self.rows = 0
+
+    # --------------------------------------------------------------- state
+    def state_dict(self) -> Dict[str, object]:
+        """Return the running sums as plain data (it reads the devices), for a checkpoint.
+
+        The per-row sums are kept as they are on each device, so a resumed
+        run adds the next batches to exactly the same numbers.
+        """
+        device_sums = [[array.asnumpy().tolist() for array in sums]
+                       for sums in self._sums[self._parity]]
+        host = [list(metric.totals()) for metric, _, _ in self._host]
+        return {"rows": self.rows, "device_sums": device_sums, "host": host}
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        """Restore the running sums of :meth:`state_dict`."""
+        self.rows = int(state["rows"])
+        for sums, saved in zip(self._sums[self._parity], state["device_sums"]):
+            for array, values in zip(sums, saved):
+                array[:] = np.asarray(values, dtype="float64")
+        for (metric, _, _), (total, count) in zip(self._host, state["host"]):
+            metric.restore_totals(total, count)
 
     # -------------------------------------------------------------- values
     def totals(self) -> np.ndarray:

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from mxoid import Checkpoint, CheckpointError, Extension, FinishAfter, MainLoop
+from mxoid.extensions.monitoring import Evaluate, TrainingMonitoring
 from mxoid.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
 
 from conftest import TWO_CPUS, classification_data, initial_params, mlp
@@ -59,21 +60,31 @@ def comparable_log(loop):
     return rows
 
 
+def monitoring():
+    """Stateful extensions whose records must come out the same after resumption."""
+    X, y = classification_data(n=60, seed=7)
+    valid = mx.io.NDArrayIter(X, y, batch_size=25, label_name="softmax_label")
+    return [TrainingMonitoring(["acc", "ce"], every_n_batches=7),
+            Evaluate({"valid": valid}, ["acc", "ce"])]
+
+
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("stop_after_batches", [20, 25])  # 20: epoch boundary, 25: mid-epoch
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, optimizer, stop_after_batches):
-    full = make_loop(tmp_path / "full", FinishAfter(after_n_epochs=4), optimizer=optimizer).run()
+    full = make_loop(tmp_path / "full", FinishAfter(after_n_epochs=4), optimizer=optimizer,
+                     extra=monitoring()).run()
     make_loop(tmp_path / "cut", FinishAfter(after_n_batches=stop_after_batches),
-              optimizer=optimizer).run()
+              optimizer=optimizer, extra=monitoring()).run()
     np.random.seed(1234)  # whatever happened in between, resumption restores the random state
     resumed = make_loop(tmp_path / "cut", FinishAfter(after_n_epochs=4), optimizer=optimizer,
-                        resume=True)
+                        resume=True, extra=monitoring())
     assert resumed.resumed_from is not None
     resumed.run()
     assert_identical(params_of(full), params_of(resumed))
     for field in ("iterations_done", "epochs_done", "iterations_done_in_epoch"):
         assert getattr(full.status, field) == getattr(resumed.status, field)
     full_log, resumed_log = comparable_log(full), comparable_log(resumed)
+    assert "train_accuracy" in full_log[28] and "valid_cross_entropy" in full_log[40]
     # The cut run stopped (and saved) at its own limit: only that row differs.
     resumed_log.pop(stop_after_batches, None)
     full_log.pop(stop_after_batches, None)

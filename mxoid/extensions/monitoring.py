@@ -283,6 +283,13 @@ class TrainingMonitoring(_MetricsExtension):
         if "after_batch" in self.conditions:
             super().after_batch(batch)
 
+    def state_dict(self) -> Dict[str, Any]:
+        """The running sums since the last write, so a resumed run writes the same records."""
+        return self.accumulator.state_dict()
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.accumulator.load_state_dict(state)
+
     def do(self, which_callback: str, *args: Any) -> None:
         """Write the records over the batches since the last write, and reset the sums."""
         accumulator = self.accumulator
