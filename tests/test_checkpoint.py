@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from mxoid import Checkpoint, CheckpointError, Extension, FinishAfter, MainLoop
-from mxoid.extensions.monitoring import Evaluate, TrainingMonitoring
+from mxoid.extensions import EarlyStopping, Evaluate, TrackBest, TrainingMonitoring
 from mxoid.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
 
 from conftest import TWO_CPUS, classification_data, initial_params, mlp
@@ -65,7 +65,9 @@ def monitoring():
     X, y = classification_data(n=60, seed=7)
     valid = mx.io.NDArrayIter(X, y, batch_size=25, label_name="softmax_label")
     return [TrainingMonitoring(["acc", "ce"], every_n_batches=7),
-            Evaluate({"valid": valid}, ["acc", "ce"])]
+            Evaluate({"valid": valid}, ["acc", "ce"]),
+            TrackBest("valid_cross_entropy", mode="min"),
+            EarlyStopping("valid_accuracy", patience=10, mode="max", min_delta=0.5)]
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
@@ -85,6 +87,10 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, optimizer, stop_
         assert getattr(full.status, field) == getattr(resumed.status, field)
     full_log, resumed_log = comparable_log(full), comparable_log(resumed)
     assert "train_accuracy" in full_log[28] and "valid_cross_entropy" in full_log[40]
+    assert "valid_cross_entropy_best_so_far" in full_log[40]
+    early_full, early_resumed = full.extensions[-1].state_dict(), resumed.extensions[-1].state_dict()
+    assert early_full == early_resumed and early_full != EarlyStopping(
+        "valid_accuracy", patience=10).state_dict()
     # The cut run stopped (and saved) at its own limit: only that row differs.
     resumed_log.pop(stop_after_batches, None)
     full_log.pop(stop_after_batches, None)
