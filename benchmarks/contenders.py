@@ -1,0 +1,479 @@
+"""The contenders of the benchmark: one training loop each, run in a fresh process.
+
+``run.py`` starts ``python contenders.py SPEC.json`` once per contender and
+cell, with the thread settings already in the environment. The worker builds
+the same synthetic data and the same initial parameters as every other
+contender, trains a warm-up epoch and the timed epochs, and writes the epoch
+times, its peak memory and its final parameters next to the spec.
+
+Every contender runs the same optimizer math: SGD with momentum, weight decay
+on ``*_weight`` parameters only (MXNet's default for symbols), gradients
+summed over the batch and rescaled by ``1 / batch_size``. On two contexts the
+batch is split in two halves and the gradients of both halves are summed.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import resource
+import sys
+import time
+from typing import Dict, List
+
+import numpy as np
+
+# run.py puts the thread settings in the environment; a worker started by
+# hand gets the same defaults before MXNet reads them at import.
+THREAD_SETTINGS = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MXNET_CPU_WORKER_NTHREADS": "1",
+    "MXNET_SUBGRAPH_VERBOSE": "0",
+}
+for _name, _value in THREAD_SETTINGS.items():
+    os.environ.setdefault(_name, _value)
+
+import mxnet as mx  # noqa: E402
+
+__all__ = ["CONTENDERS", "EQUAL_TO_HAND", "OPTIMIZER_PARAMS", "build_symbol", "make_data",
+           "initial_params", "run_worker"]
+
+OPTIMIZER_PARAMS = {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4}
+NUM_CLASSES = 10
+DATA_SEED = 0
+PARAM_SEED = 1
+EVERYDAY_NAMES = ("TrainingMonitoring", "ProgressBar", "Printing", "Timing", "JSONLinesLog")
+# Where each everyday extension is being written, for a note when it is not yet
+# exported by mxoid.extensions.
+EVERYDAY_MODULES = {"TrainingMonitoring": "monitoring", "ProgressBar": "printing",
+                    "Printing": "printing", "Timing": "timing", "JSONLinesLog": "log_writers"}
+
+
+# --------------------------------------------------------------------- models
+def build_symbol(model: str) -> mx.sym.Symbol:
+    """The MLP 784-128-64-10 or LeNet (tanh, max pooling), with a softmax output."""
+    data = mx.sym.Variable("data")
+    if model == "mlp":
+        net = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=128, name="fc1"),
+                                act_type="relu", name="relu1")
+        net = mx.sym.Activation(mx.sym.FullyConnected(net, num_hidden=64, name="fc2"),
+                                act_type="relu", name="relu2")
+        net = mx.sym.FullyConnected(net, num_hidden=NUM_CLASSES, name="fc3")
+    elif model == "lenet":
+        net = data
+        for i, filters in ((1, 20), (2, 50)):
+            net = mx.sym.Convolution(net, kernel=(5, 5), num_filter=filters, name=f"conv{i}")
+            net = mx.sym.Activation(net, act_type="tanh", name=f"tanh{i}")
+            net = mx.sym.Pooling(net, pool_type="max", kernel=(2, 2), stride=(2, 2), name=f"pool{i}")
+        net = mx.sym.Flatten(net, name="flatten")
+        net = mx.sym.Activation(mx.sym.FullyConnected(net, num_hidden=500, name="fc1"),
+                                act_type="tanh", name="tanh3")
+        net = mx.sym.FullyConnected(net, num_hidden=NUM_CLASSES, name="fc2")
+    else:
+        raise ValueError(f"unknown model {model!r}; use 'mlp' or 'lenet'")
+    return mx.sym.SoftmaxOutput(net, name="softmax")
+
+
+def gluon_net(model: str):
+    """The same network as a Gluon HybridSequential, its parameters named as the symbol's."""
+    from mxnet import gluon
+    nn = gluon.nn
+    net = nn.HybridSequential(prefix="")
+    with net.name_scope():
+        if model == "mlp":
+            net.add(nn.Dense(128, activation="relu", in_units=784, prefix="fc1_"),
+                    nn.Dense(64, activation="relu", in_units=128, prefix="fc2_"),
+                    nn.Dense(NUM_CLASSES, in_units=64, prefix="fc3_"))
+        else:
+            net.add(nn.Conv2D(20, 5, activation="tanh", in_channels=1, prefix="conv1_"),
+                    nn.MaxPool2D(2, 2),
+                    nn.Conv2D(50, 5, activation="tanh", in_channels=20, prefix="conv2_"),
+                    nn.MaxPool2D(2, 2),
+                    nn.Dense(500, activation="tanh", in_units=800, prefix="fc1_"),
+                    nn.Dense(NUM_CLASSES, in_units=500, prefix="fc2_"))
+    return net
+
+
+def sample_shape(model: str) -> tuple:
+    return (784,) if model == "mlp" else (1, 28, 28)
+
+
+# ----------------------------------------------------------------------- data
+def make_data(model: str, num_samples: int, seed: int = DATA_SEED):
+    """Synthetic MNIST-shaped data: 10 noisy prototypes, values in [0, 1], fixed seed."""
+    rng = np.random.RandomState(seed)
+    labels = rng.randint(0, NUM_CLASSES, size=num_samples)
+    prototypes = rng.rand(NUM_CLASSES, 784).astype(np.float32)
+    images = rng.rand(num_samples, 784).astype(np.float32)
+    images *= 0.5
+    images += 0.5 * prototypes[labels]
+    return images.reshape((num_samples,) + sample_shape(model)), labels.astype(np.float32)
+
+
+def initial_params(model: str, seed: int = PARAM_SEED) -> Dict[str, np.ndarray]:
+    """Glorot-uniform weights and zero biases, drawn in sorted name order with a fixed seed."""
+    symbol = build_symbol(model)
+    arg_shapes, _, _ = symbol.infer_shape(data=(1,) + sample_shape(model))
+    shapes = dict(zip(symbol.list_arguments(), arg_shapes))
+    rng = np.random.RandomState(seed)
+    params = {}
+    for name in sorted(shapes):
+        if name in ("data", "softmax_label"):
+            continue
+        shape = shapes[name]
+        if name.endswith("_bias"):
+            params[name] = np.zeros(shape, np.float32)
+        else:
+            fan_out, fan_in = shape[0], int(np.prod(shape[1:]))
+            bound = math.sqrt(6.0 / (fan_in + fan_out))
+            params[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+    return params
+
+
+def param_names(symbol: mx.sym.Symbol) -> List[str]:
+    return [n for n in symbol.list_arguments() if n not in ("data", "softmax_label")]
+
+
+def contexts(count: int) -> List[mx.Context]:
+    return [mx.cpu(i) for i in range(count)]
+
+
+def even_slices(batch_size: int, count: int) -> List[slice]:
+    step = batch_size // count
+    return [slice(k * step, batch_size if k == count - 1 else (k + 1) * step) for k in range(count)]
+
+
+class EpochClock:
+    """Epoch-end timestamps taken after ``mx.nd.waitall()``, so queued work is counted:
+    wall-clock (``stamps``) and CPU time of the whole process, every thread
+    (``cpu_stamps``)."""
+
+    def __init__(self) -> None:
+        self.stamps: List[float] = []
+        self.cpu_stamps: List[float] = []
+
+    def tick(self, *_ignored) -> None:
+        mx.nd.waitall()
+        self.stamps.append(time.perf_counter())
+        self.cpu_stamps.append(time.process_time())
+
+
+# ------------------------------------------------------------------ contenders
+def hand_loop(spec, train_iter, init, clock, stock_updater: bool = False):
+    """The floor: ``simple_bind`` executors and a fused update per parameter.
+
+    One executor per context, each bound on its slice of the batch. On two
+    contexts the gradients are summed through a ``'local'`` kvstore
+    (``pushpull`` per parameter, as ``Module`` does with
+    ``update_on_kvstore=False``) and each device then applies the same step.
+    The update is one ``mx.nd.sgd_mom_update`` per parameter and device
+    (momentum state kept by hand), or, with ``stock_updater``, MXNet's stock
+    updater (``mx.optimizer.get_updater``) called with the lists of
+    parameters, as ``Module``, ``FeedForward`` and mxoid call it.
+    """
+    symbol = build_symbol(spec["model"])
+    ctxs = contexts(spec["contexts"])
+    batch_size = spec["batch_size"]
+    slices = even_slices(batch_size, len(ctxs))
+    names = param_names(symbol)
+    shape = sample_shape(spec["model"])
+    grad_req = {n: ("write" if n in names else "null") for n in symbol.list_arguments()}
+    executors = []
+    for ctx, slc in zip(ctxs, slices):
+        rows = slc.stop - slc.start
+        executor = symbol.simple_bind(ctx, grad_req=grad_req, data=(rows,) + shape,
+                                      softmax_label=(rows,))
+        for name in names:
+            executor.arg_dict[name][:] = init[name]
+        executors.append(executor)
+    weights = [[e.arg_dict[n] for n in names] for e in executors]
+    grads = [[e.grad_dict[n] for n in names] for e in executors]
+    data_targets = [e.arg_dict["data"] for e in executors]
+    label_targets = [e.arg_dict["softmax_label"] for e in executors]
+    kvstore = None
+    if len(ctxs) > 1:
+        kvstore = mx.kv.create("local")
+        for i, name in enumerate(names):
+            kvstore.init(i, mx.nd.zeros(grads[0][i].shape))
+    params = OPTIMIZER_PARAMS
+    rescale = 1.0 / batch_size
+    if stock_updater:
+        idx2name = {i * len(ctxs) + k: n for i, n in enumerate(names) for k in range(len(ctxs))}
+        optimizer = mx.optimizer.create("sgd", sym=symbol, param_idx2name=idx2name,
+                                        rescale_grad=rescale, **params)
+        updater = mx.optimizer.get_updater(optimizer)
+        indices = [[i * len(ctxs) + k for i in range(len(names))] for k in range(len(ctxs))]
+    else:
+        wds = [params["wd"] if n.endswith("_weight") else 0.0 for n in names]
+        moms = [[mx.nd.zeros(w.shape, ctx=w.context) for w in device_weights]
+                for device_weights in weights]
+        steps = [list(zip(weights[k], grads[k], moms[k], wds)) for k in range(len(ctxs))]
+        lr, momentum = params["learning_rate"], params["momentum"]
+        sgd_mom_update = mx.nd.sgd_mom_update
+    num_params = len(names)
+    for _ in range(spec["epochs"]):
+        train_iter.reset()
+        for batch in train_iter:
+            if kvstore is None:
+                batch.data[0].copyto(data_targets[0])
+                batch.label[0].copyto(label_targets[0])
+            else:
+                data, label = batch.data[0], batch.label[0]
+                for slc, data_target, label_target in zip(slices, data_targets, label_targets):
+                    data[slc].copyto(data_target)
+                    label[slc].copyto(label_target)
+            for executor in executors:
+                executor.forward(is_train=True)
+            for executor in executors:
+                executor.backward()
+            if kvstore is not None:
+                for i in range(num_params):
+                    device_grads = [g[i] for g in grads]
+                    kvstore.pushpull(i, device_grads, out=device_grads, priority=-i)
+            if stock_updater:
+                for k in range(len(ctxs)):
+                    updater(indices[k], grads[k], weights[k])
+            else:
+                for device_steps in steps:
+                    for weight, grad, mom, wd in device_steps:
+                        sgd_mom_update(weight, grad, mom, out=weight, lr=lr, momentum=momentum,
+                                       wd=wd, rescale_grad=rescale)
+        clock.tick()
+    return {n: w.asnumpy() for n, w in zip(names, weights[0])}
+
+
+def hand_stock_updater(spec, train_iter, init, clock):
+    return hand_loop(spec, train_iter, init, clock, stock_updater=True)
+
+
+def module_fit(spec, train_iter, init, clock, metric):
+    """``mx.mod.Module.fit`` with kvstore ``'local'`` (MXNet's defaults otherwise)."""
+    module = mx.mod.Module(build_symbol(spec["model"]), context=contexts(spec["contexts"]),
+                           logger=_quiet_logger())
+    module.fit(train_iter, num_epoch=spec["epochs"], optimizer="sgd",
+               optimizer_params=dict(OPTIMIZER_PARAMS),
+               arg_params={k: mx.nd.array(v) for k, v in init.items()},
+               kvstore="local", eval_metric=metric, epoch_end_callback=clock.tick)
+    return {k: v.asnumpy() for k, v in module.get_params()[0].items()}
+
+
+def module_fit_accuracy(spec, train_iter, init, clock):
+    return module_fit(spec, train_iter, init, clock, "acc")
+
+
+def module_fit_no_metric(spec, train_iter, init, clock):
+    return module_fit(spec, train_iter, init, clock, mx.metric.CompositeEvalMetric())
+
+
+def feedforward_fit(spec, train_iter, init, clock):
+    """The legacy ``mx.model.FeedForward.fit``, accuracy metric (its default)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        model = mx.model.FeedForward(build_symbol(spec["model"]), ctx=contexts(spec["contexts"]),
+                                     num_epoch=spec["epochs"], optimizer="sgd",
+                                     arg_params={k: mx.nd.array(v) for k, v in init.items()},
+                                     aux_params={}, **OPTIMIZER_PARAMS)
+        model.fit(train_iter, eval_metric="acc", epoch_end_callback=clock.tick, kvstore="local",
+                  logger=_quiet_logger())
+    return {k: v.asnumpy() for k, v in model.arg_params.items()}
+
+
+def gluon_trainer(spec, train_iter, init, clock):
+    """A hybridized Gluon net and ``gluon.Trainer``, accuracy metric updated every batch.
+
+    ``hybridize(static_alloc=True, static_shape=True)`` on the net and the loss,
+    ``split_and_load`` over the contexts, ``Trainer`` with its default kvstore;
+    biases get ``wd_mult = 0`` as symbols do.
+    """
+    from mxnet import autograd, gluon
+    ctxs = contexts(spec["contexts"])
+    net = gluon_net(spec["model"])
+    net.initialize(ctx=ctxs)
+    params = net.collect_params()
+    for name, param in params.items():
+        param.set_data(mx.nd.array(init[name]))
+        if not name.endswith("_weight"):
+            param.wd_mult = 0.0
+    net.hybridize(static_alloc=True, static_shape=True)
+    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
+    loss_fn.hybridize(static_alloc=True, static_shape=True)
+    trainer = gluon.Trainer(params, "sgd", dict(OPTIMIZER_PARAMS))
+    metric = mx.metric.Accuracy()
+    batch_size = spec["batch_size"]
+    split_and_load = gluon.utils.split_and_load
+    for _ in range(spec["epochs"]):
+        train_iter.reset()
+        metric.reset()
+        for batch in train_iter:
+            data = split_and_load(batch.data[0], ctxs)
+            label = split_and_load(batch.label[0], ctxs)
+            with autograd.record():
+                outputs = [net(x) for x in data]
+                losses = [loss_fn(out, y) for out, y in zip(outputs, label)]
+            autograd.backward(losses)
+            trainer.step(batch_size)
+            metric.update(label, outputs)
+        metric.get()
+        clock.tick()
+    return {name: param.data(ctxs[0]).asnumpy() for name, param in params.items()}
+
+
+def _clock_extension(clock):
+    from mxoid import Extension
+
+    class EpochClockExtension(Extension):
+        """Stamps the end of each epoch, after every other extension."""
+
+        def after_epoch(self) -> None:
+            clock.tick()
+
+    return EpochClockExtension(name="benchmark_clock", priority=float("inf"))
+
+
+def mxoid_loop(spec, train_iter, init, clock, extensions=()):
+    from mxoid import FinishAfter, MainLoop
+    loop = MainLoop(build_symbol(spec["model"]), train_iter, contexts=contexts(spec["contexts"]),
+                    optimizer="sgd", optimizer_params=dict(OPTIMIZER_PARAMS),
+                    arg_params={k: mx.nd.array(v) for k, v in init.items()}, kvstore="local",
+                    extensions=[FinishAfter(after_n_epochs=spec["epochs"]), *extensions,
+                                _clock_extension(clock)])
+    loop.run()
+    return {k: v.asnumpy() for k, v in loop.get_params()[0].items()}
+
+
+def mxoid_bare(spec, train_iter, init, clock):
+    """mxoid's MainLoop with FinishAfter only (and the benchmark's epoch clock)."""
+    return mxoid_loop(spec, train_iter, init, clock)
+
+
+def find_everyday_extensions():
+    """Return ``{name: class}`` of the everyday extensions mxoid has, and notes on the rest.
+
+    Looked up by name in ``mxoid.extensions``; one that exists in its module
+    but is not exported yet is used with a note, one that does not exist is
+    skipped with a note.
+    """
+    import importlib
+    import mxoid.extensions as package
+    found, notes = {}, []
+    for name in EVERYDAY_NAMES:
+        cls = getattr(package, name, None)
+        if cls is None:
+            module_name = f"mxoid.extensions.{EVERYDAY_MODULES[name]}"
+            try:
+                cls = getattr(importlib.import_module(module_name), name, None)
+            except ImportError:
+                cls = None
+            if cls is not None:
+                notes.append(f"{name} taken from {module_name} (not exported by mxoid.extensions)")
+        if cls is None:
+            notes.append(f"{name} missing: not in mxoid.extensions")
+        else:
+            found[name] = cls
+    return found, notes
+
+
+def build_everyday(name: str, cls: type, workdir: str, tag: str = ""):
+    """One everyday extension, configured as a user would configure it."""
+    if name == "TrainingMonitoring":
+        return cls(["acc", "ce"])
+    if name == "ProgressBar":
+        # A user's bar is drawn on a terminal; a worker's output is a file, where
+        # the bar would stay quiet, so it is forced on and drawn into /dev/null.
+        return cls(disable=False, file=open(os.devnull, "w"))
+    if name == "JSONLinesLog":
+        return cls(os.path.join(workdir, f"log{tag}.jsonl"))
+    return cls()
+
+
+def everyday_extensions(workdir: str, tag: str = ""):
+    """The everyday extensions mxoid has today; returns (extensions, notes)."""
+    found, notes = find_everyday_extensions()
+    extensions = []
+    for name, cls in found.items():
+        try:
+            extensions.append(build_everyday(name, cls, workdir, tag))
+        except Exception as error:  # an API still changing: report, do not crash the run
+            notes.append(f"{name} skipped: its constructor failed ({type(error).__name__}: {error})")
+    return extensions, notes
+
+
+def mxoid_everyday(spec, train_iter, init, clock):
+    """mxoid's MainLoop with the everyday extensions that exist today."""
+    extensions, notes = everyday_extensions(spec["workdir"])
+    spec["notes"].extend(notes)
+    spec["notes"].append("extensions: " + ", ".join(type(e).__name__ for e in extensions))
+    return mxoid_loop(spec, train_iter, init, clock, extensions)
+
+
+CONTENDERS = {
+    "hand": (hand_loop, "hand-written simple_bind loop, sgd_mom_update per parameter"),
+    "hand_stock_updater": (hand_stock_updater, "hand-written loop, MXNet's stock updater"),
+    "module_fit_acc": (module_fit_accuracy, "Module.fit, accuracy metric"),
+    "module_fit_nometric": (module_fit_no_metric, "Module.fit, empty CompositeEvalMetric"),
+    "feedforward": (feedforward_fit, "FeedForward.fit, accuracy metric"),
+    "gluon": (gluon_trainer, "Gluon hybridized + Trainer, accuracy metric"),
+    "mxoid_bare": (mxoid_bare, "mxoid MainLoop, FinishAfter only"),
+    "mxoid_everyday": (mxoid_everyday, "mxoid MainLoop, everyday extensions"),
+}
+"""Name -> (training function, one-line description)."""
+
+EQUAL_TO_HAND = ("hand_stock_updater", "module_fit_acc", "module_fit_nometric", "feedforward",
+                 "mxoid_bare", "mxoid_everyday")
+"""Contenders that compute exactly what the hand loop computes (same graph, same
+update order, same data order), so their final parameters must match it."""
+
+
+def _quiet_logger() -> logging.Logger:
+    logger = logging.getLogger("mxoid_benchmark_quiet")
+    logger.setLevel(logging.WARNING)
+    return logger
+
+
+# --------------------------------------------------------------------- worker
+def _rss_kib() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def run_worker(spec_path: str) -> None:
+    """Train one contender as ``spec_path`` describes; write ``result.json`` and ``params.npz``."""
+    with open(spec_path) as f:
+        spec = json.load(f)
+    spec["notes"] = []
+    function = CONTENDERS[spec["contender"]][0]
+    X, y = make_data(spec["model"], spec["samples"])
+    train_iter = mx.io.NDArrayIter(X, y, batch_size=spec["batch_size"], shuffle=False,
+                                   label_name="softmax_label")
+    del X, y
+    init = initial_params(spec["model"])
+    rss_before = _rss_kib()
+    clock = EpochClock()
+    clock.tick()
+    params = function(spec, train_iter, init, clock)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    peak_kib = usage.ru_maxrss
+    finite = bool(all(np.isfinite(v).all() for v in params.values()))
+    np.savez(os.path.join(spec["workdir"], "params.npz"), **params)
+    result = {
+        "epoch_stamps": clock.stamps,
+        "epoch_cpu_stamps": clock.cpu_stamps,
+        "peak_rss_kib": peak_kib,
+        "rss_before_training_kib": rss_before,
+        "finite": finite,
+        "cpu_seconds": usage.ru_utime + usage.ru_stime,
+        "notes": spec["notes"],
+        "mxnet": mx.__version__,
+    }
+    with open(os.path.join(spec["workdir"], "result.json"), "w") as f:
+        json.dump(result, f)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit("usage: contenders.py SPEC.json (run.py starts the workers)")
+    run_worker(sys.argv[1])

@@ -1,0 +1,634 @@
+"""Benchmark mxoid against a hand-written loop, Module.fit, FeedForward and Gluon.
+
+Each contender trains in a fresh process (``contenders.py``) with the same
+thread settings, the same synthetic data and the same initial parameters: a
+warm-up epoch, then timed epochs. This script runs them one after another,
+prints a table per cell (model, batch size, contexts), checks that the
+contenders which compute the same thing end with the same parameters as the
+hand-written loop, runs the micro-benchmark (``micro.py``) and writes
+everything as JSON.
+
+Usage::
+
+    python benchmarks/run.py             # full run: every cell (about 12 minutes)
+    python benchmarks/run.py --quick     # the three target cells, short epochs (< 2 minutes)
+    python benchmarks/run.py --check     # correctness only: tiny epochs, two workers at once
+    python benchmarks/run.py --contenders hand,mxoid_bare --cells mlp-32-1 --repeat 3
+
+The exit status is 1 when a worker fails, a contender ends with non-finite
+parameters, or one that must match the hand-written loop does not; speed
+never changes it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+DEFAULT_JSON = os.path.join(HERE, "results", "latest.json")
+ALL_CONTENDERS = ("hand", "hand_stock_updater", "module_fit_acc", "module_fit_nometric",
+                  "feedforward", "gluon", "mxoid_bare", "mxoid_everyday")
+EQUAL_TO_HAND = ("hand_stock_updater", "module_fit_acc", "module_fit_nometric", "feedforward",
+                 "mxoid_bare", "mxoid_everyday")  # as contenders.EQUAL_TO_HAND, without importing MXNet
+LABELS = {
+    "hand": "hand loop (floor)",
+    "hand_stock_updater": "hand loop, stock updater",
+    "module_fit_acc": "Module.fit, accuracy",
+    "module_fit_nometric": "Module.fit, no metric",
+    "feedforward": "FeedForward.fit, accuracy",
+    "gluon": "Gluon hybridized, accuracy",
+    "mxoid_bare": "mxoid bare",
+    "mxoid_everyday": "mxoid everyday extensions",
+}
+ALL_CELLS = tuple((model, batch, contexts) for model in ("mlp", "lenet") for batch in (32, 128)
+                  for contexts in (1, 2))
+MODES = {
+    "full": {"cells": ALL_CELLS, "samples": {"mlp": 16384, "lenet": 2048}, "timed_epochs": 5,
+             "contenders": ALL_CONTENDERS, "parallel": 1, "micro": []},
+    "quick": {"cells": (("mlp", 32, 1), ("mlp", 32, 2), ("lenet", 128, 2)),
+              "samples": {"mlp": 4096, "lenet": 512}, "timed_epochs": 3,
+              "contenders": tuple(c for c in ALL_CONTENDERS if c != "hand_stock_updater"),
+              "parallel": 1, "micro": ["--quick"]},
+    "check": {"cells": (("mlp", 32, 1), ("mlp", 32, 2)), "samples": {"mlp": 256, "lenet": 256},
+              "timed_epochs": 2, "contenders": ALL_CONTENDERS, "parallel": 2, "micro": ["--tiny"]},
+}
+# Every worker gets these, whatever the parent's environment says; other MXNET_*
+# variables of the parent are passed on and recorded.
+WORKER_ENV = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "MXNET_CPU_WORKER_NTHREADS": "1",
+    "MXNET_SUBGRAPH_VERBOSE": "0",
+    "PYTHONHASHSEED": "0",
+}
+RTOL, ATOL = 1e-5, 1e-6
+TARGETS_TEXT = "targets of issue 6 (ratios to the hand loop in the same run, medians)"
+
+
+# ------------------------------------------------------------------ machine
+def machine_info(mxoid_root: str = ROOT) -> Dict[str, object]:
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        commit = subprocess.run(["git", "-C", mxoid_root, "rev-parse", "--short", "HEAD"],
+                                capture_output=True, text=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "-C", mxoid_root, "status", "--porcelain", "mxoid"],
+                                    capture_output=True, text=True).stdout.strip())
+    except OSError:
+        commit, dirty = "", False
+    return {"nproc": os.cpu_count(), "cpu": cpu, "platform": platform.platform(),
+            "python": platform.python_version(), "mxoid_path": mxoid_root, "mxoid_commit": commit,
+            "mxoid_uncommitted_changes": dirty}
+
+
+def _cpu_busy_seconds() -> float:
+    """Seconds of CPU time spent busy by the whole machine since boot (all cores)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet(max_wait: float, threshold: float = 0.25, window: float = 0.5):
+    """Wait until other processes keep less than ``threshold`` cores busy over ``window``
+    seconds, or ``max_wait`` seconds passed; return (seconds waited, last load seen)."""
+    start = time.perf_counter()
+    while True:
+        before = _cpu_busy_seconds()
+        time.sleep(window)
+        load = (_cpu_busy_seconds() - before) / window
+        waited = time.perf_counter() - start
+        if load < threshold or waited >= max_wait:
+            return waited, load
+
+
+class Launcher:
+    """Starts workers: forked from a fork server that has imported MXNet (default), or
+    as fresh interpreters (``spawn``), which adds about 3 s of MXNet import per worker.
+
+    Either way each worker is a new process whose only state before training is
+    the imported modules; mxoid is imported in the worker, from ``PYTHONPATH``.
+    """
+
+    def __init__(self, env: Dict[str, str], nice: int, spawn: bool) -> None:
+        self.env, self.nice, self.spawn = env, nice, spawn
+        self.context = None
+        if not spawn:
+            import multiprocessing
+            # The fork server inherits this environment: the thread settings are in
+            # place before it imports MXNet (through contenders.py).
+            os.environ.update(env)
+            self.context = multiprocessing.get_context("forkserver")
+            self.context.set_forkserver_preload(["contenders"])
+
+    def start(self, spec_path: str):
+        if self.spawn:
+            output = open(os.path.join(os.path.dirname(spec_path), "output.txt"), "w")
+            process = subprocess.Popen(
+                [sys.executable, os.path.join(HERE, "contenders.py"), spec_path], stdout=output,
+                stderr=subprocess.STDOUT, env=self.env, cwd=os.path.dirname(spec_path),
+                preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
+            output.close()
+            return process
+        paths = self.env["PYTHONPATH"].split(os.pathsep)
+        process = self.context.Process(target=_forked_worker, args=(spec_path, self.nice, paths))
+        process.start()
+        return process
+
+
+def _forked_worker(spec_path: str, nice: int, paths: List[str]) -> None:
+    """A worker's entry point in a process forked from the fork server."""
+    sys.path[:0] = paths  # multiprocessing gave the worker this script's sys.path
+    if nice:
+        os.nice(nice)
+    output = os.open(os.path.join(os.path.dirname(spec_path), "output.txt"),
+                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)
+    sys.stderr = open(2, "w", buffering=1, closefd=False)
+    os.chdir(os.path.dirname(spec_path))
+    import contenders
+    contenders.run_worker(spec_path)
+
+
+def _exit_code(process) -> Optional[int]:
+    """The exit status of a finished worker, None while it runs (Popen or Process)."""
+    if isinstance(process, subprocess.Popen):
+        return process.poll()
+    return None if process.is_alive() else process.exitcode
+
+
+class Job:
+    """One contender in one cell: its worker process, work folder and result."""
+
+    def __init__(self, contender: str, model: str, batch: int, contexts: int, samples: int,
+                 epochs: int, root: str, repeat: int) -> None:
+        self.contender, self.model, self.batch, self.contexts = contender, model, batch, contexts
+        self.samples, self.epochs, self.repeat = samples, epochs, repeat
+        self.workdir = os.path.join(root, f"{model}-{batch}-{contexts}-{contender}-{repeat}")
+        os.makedirs(self.workdir)
+        self.spec_path = os.path.join(self.workdir, "spec.json")
+        with open(self.spec_path, "w") as f:
+            json.dump({"contender": contender, "model": model, "batch_size": batch,
+                       "contexts": contexts, "samples": samples, "epochs": epochs,
+                       "workdir": self.workdir}, f)
+        self.process = None
+        self.started = 0.0
+        self.wall = 0.0
+        self.busy_before = 0.0
+        self.foreign_load = None  # CPU of other processes during the run, in cores
+        self.waited, self.load_before = 0.0, None  # --wait-quiet: seconds waited, load then
+        self.result: Optional[dict] = None
+        self.error: Optional[str] = None
+
+    @property
+    def cell(self):
+        return (self.model, self.batch, self.contexts)
+
+    def start(self, launcher: Launcher) -> None:
+        self.busy_before = _cpu_busy_seconds()
+        self.started = time.perf_counter()
+        self.process = launcher.start(self.spec_path)
+
+    def finish(self, alone: bool) -> None:
+        """Collect the result of the ended worker; ``alone``: no other worker ran meanwhile."""
+        self.wall = time.perf_counter() - self.started
+        busy = _cpu_busy_seconds() - self.busy_before
+        code = _exit_code(self.process)
+        result_path = os.path.join(self.workdir, "result.json")
+        if code != 0 or not os.path.exists(result_path):
+            with open(os.path.join(self.workdir, "output.txt")) as f:
+                tail = f.read()[-3000:]
+            last = [line for line in tail.splitlines() if line.strip()][-1:] or ["no output"]
+            self.error = f"worker exited with status {code}: {last[0]}\n{tail}"
+            return
+        with open(result_path) as f:
+            self.result = json.load(f)
+        if alone and self.wall > 0:
+            self.foreign_load = max(0.0, (busy - self.result["cpu_seconds"]) / self.wall)
+
+    def params(self) -> Dict[str, np.ndarray]:
+        with np.load(os.path.join(self.workdir, "params.npz")) as data:
+            return {k: data[k] for k in data.files}
+
+
+def worker_env(mxoid_root: str = ROOT) -> Dict[str, str]:
+    env = dict(os.environ)
+    env.update(WORKER_ENV)
+    paths = [mxoid_root, HERE] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def run_jobs(jobs: List[Job], parallel: int, launcher: Launcher, quiet: bool,
+             quiet_wait: float = 0.0) -> None:
+    pending, running, done = list(jobs), [], 0
+    while pending or running:
+        while pending and len(running) < parallel:
+            job = pending.pop(0)
+            if quiet_wait > 0 and parallel == 1:
+                job.waited, job.load_before = wait_for_quiet(quiet_wait)
+            job.start(launcher)
+            running.append(job)
+        finished = [j for j in running if _exit_code(j.process) is not None]
+        if not finished:
+            time.sleep(0.02)
+            continue
+        for job in finished:
+            running.remove(job)
+            if not isinstance(job.process, subprocess.Popen):
+                job.process.join()
+            job.finish(alone=parallel == 1)
+            done += 1
+            if not quiet:
+                print(f"[{done:>2}/{len(jobs)}] {describe_cell(job.cell):<22} {job.contender:<20} "
+                      f"{_progress_summary(job)}", flush=True)
+
+
+def _progress_summary(job: Job) -> str:
+    if job.error:
+        return "FAILED"
+    stats = epoch_stats(job)
+    load = "" if job.foreign_load is None else f", other load {job.foreign_load:.2f} cores"
+    return f"{stats['median']:>9,.0f} samples/s ({job.wall:.1f} s{load})"
+
+
+# ------------------------------------------------------------------ analysis
+def describe_cell(cell) -> str:
+    model, batch, contexts = cell
+    return f"{'MLP' if model == 'mlp' else 'LeNet'} b{batch} {contexts} ctx"
+
+
+def epoch_stats(job: Job) -> Dict[str, float]:
+    stamps = job.result["epoch_stamps"]
+    seconds = np.diff(stamps)[1:]  # stamps[0] is the start; the first epoch is the warm-up
+    rates = job.samples / seconds
+    return {"median": float(np.median(rates)), "min": float(rates.min()),
+            "max": float(rates.max()), "q1": float(np.percentile(rates, 25)),
+            "q3": float(np.percentile(rates, 75))}
+
+
+def pooled_rates(jobs: Sequence[Job]) -> np.ndarray:
+    return np.concatenate([job.samples / np.diff(job.result["epoch_stamps"])[1:] for job in jobs])
+
+
+def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
+    """One row per contender and cell: throughput, ratios, overhead, memory, correctness."""
+    rows = []
+    cells = []
+    for job in jobs:
+        if job.cell not in cells:
+            cells.append(job.cell)
+    for cell in cells:
+        by_contender: Dict[str, List[Job]] = {}
+        for job in jobs:
+            if job.cell == cell:
+                by_contender.setdefault(job.contender, []).append(job)
+        medians = {}
+        for name, group in by_contender.items():
+            if all(j.result for j in group):
+                medians[name] = float(np.median(pooled_rates(group)))
+        hand_params = None
+        hand_jobs = by_contender.get("hand", [])
+        if hand_jobs and hand_jobs[0].result:
+            hand_params = hand_jobs[0].params()
+        for name in contenders:
+            group = by_contender.get(name)
+            if not group:
+                continue
+            model, batch, contexts = cell
+            row = {"contender": name, "label": LABELS[name], "model": model, "batch_size": batch,
+                   "contexts": contexts, "samples_per_epoch": group[0].samples,
+                   "batches_per_epoch": -(-group[0].samples // batch),
+                   "timed_epochs": group[0].epochs - 1, "runs": len(group),
+                   "errors": [j.error for j in group if j.error]}
+            rows.append(row)
+            if row["errors"]:
+                continue
+            rates = pooled_rates(group)
+            median = medians[name]
+            row.update({
+                "samples_per_second": {"median": median, "min": float(rates.min()),
+                                       "max": float(rates.max()),
+                                       "q1": float(np.percentile(rates, 25)),
+                                       "q3": float(np.percentile(rates, 75))},
+                "epoch_seconds": [list(np.diff(j.result["epoch_stamps"])[1:]) for j in group],
+                "cpu_us_per_batch": float(np.median(np.concatenate(
+                    [np.diff(j.result["epoch_cpu_stamps"])[1:] for j in group]))) * 1e6
+                    / -(-group[0].samples // batch),
+                "warmup_seconds": [float(np.diff(j.result["epoch_stamps"])[0]) for j in group],
+                "ratio_to_hand": median / medians["hand"] if "hand" in medians else None,
+                "ratio_to_module_fit": (median / medians["module_fit_acc"]
+                                        if "module_fit_acc" in medians else None),
+                "overhead_us_per_batch": (1e6 * batch * (1 / median - 1 / medians["hand"])
+                                          if "hand" in medians else None),
+                "peak_rss_mib": max(j.result["peak_rss_kib"] for j in group) / 1024,
+                "peak_over_start_mib": max(j.result["peak_rss_kib"] - j.result["rss_before_training_kib"]
+                                           for j in group) / 1024,
+                "other_load_cores": (max(j.foreign_load for j in group)
+                                     if all(j.foreign_load is not None for j in group) else None),
+                "waited_for_quiet_seconds": sum(j.waited for j in group),
+                "notes": sorted({n for j in group for n in j.result["notes"]}),
+            })
+            finite = all(j.result["finite"] for j in group)
+            row["finite"] = finite
+            row["expected_equal_to_hand"] = name in EQUAL_TO_HAND
+            if hand_params is not None and name != "hand":
+                diffs, equal = [], True
+                for job in group:
+                    params = job.params()
+                    if params.keys() != hand_params.keys():
+                        diffs.append(float("inf"))
+                        equal = False
+                        continue
+                    diffs.append(max(float(np.abs(params[k] - hand_params[k]).max())
+                                     for k in hand_params))
+                    equal = equal and all(np.allclose(params[k], hand_params[k], rtol=RTOL, atol=ATOL)
+                                          for k in hand_params)
+                row["max_abs_diff_to_hand"] = max(diffs)
+                row["equal_to_hand"] = equal
+    return rows
+
+
+def correctness(rows: List[dict]) -> dict:
+    failures = []
+    for row in rows:
+        where = f"{row['contender']} in {describe_cell((row['model'], row['batch_size'], row['contexts']))}"
+        if row["errors"]:
+            failures.append(f"{where}: {row['errors'][0].splitlines()[0]}")
+        elif not row["finite"]:
+            failures.append(f"{where}: non-finite parameters")
+        elif row["expected_equal_to_hand"] and row.get("equal_to_hand") is False:
+            failures.append(f"{where}: parameters differ from the hand loop's "
+                            f"(max |diff| {row['max_abs_diff_to_hand']:.3g}, "
+                            f"rtol {RTOL}, atol {ATOL})")
+        elif row["expected_equal_to_hand"] and "equal_to_hand" not in row:
+            failures.append(f"{where}: no hand-loop result to compare with")
+    return {"ok": not failures, "failures": failures, "rtol": RTOL, "atol": ATOL,
+            "equal_to_hand_expected_for": list(EQUAL_TO_HAND)}
+
+
+def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
+    """The speed and memory targets of issue 6, for the cells this run has."""
+    index = {(r["contender"], r["model"], r["batch_size"], r["contexts"]): r
+             for r in rows if "samples_per_second" in r}
+    found = []
+
+    def ratio(contender, cell):
+        row = index.get((contender,) + cell)
+        return None if row is None else row["ratio_to_hand"]
+
+    for contender, cell, target in (("mxoid_everyday", ("mlp", 32, 1), 0.90),
+                                    ("mxoid_everyday", ("mlp", 32, 2), 0.90),
+                                    ("mxoid_everyday", ("lenet", 128, 2), 0.98),
+                                    ("mxoid_bare", ("lenet", 128, 2), 0.98)):
+        value = ratio(contender, cell)
+        if value is not None:
+            found.append({"target": f"{LABELS[contender]}, {describe_cell(cell)}: >= {target:.0%} of hand",
+                          "measured": value, "limit": target, "met": value >= target})
+    for (contender, *cell), row in sorted(index.items()):
+        if contender == "mxoid_bare":
+            found.append({"target": f"mxoid bare, {describe_cell(tuple(cell))}: >= 95% of hand",
+                          "measured": row["ratio_to_hand"], "limit": 0.95,
+                          "met": row["ratio_to_hand"] >= 0.95})
+    for (contender, *cell), row in sorted(index.items()):
+        module = index.get(("module_fit_acc",) + tuple(cell))
+        if contender.startswith("mxoid") and module is not None:
+            limit = module["peak_rss_mib"] * 1.10
+            found.append({"target": f"{LABELS[contender]}, {describe_cell(tuple(cell))}: peak memory "
+                                    f"<= Module.fit's + 10% ({limit:.0f} MiB)",
+                          "measured": row["peak_rss_mib"], "limit": limit,
+                          "met": row["peak_rss_mib"] <= limit})
+    if micro and "dispatch" in micro:
+        for entry in micro["dispatch"]:
+            found.append({"target": f"hook dispatch, {entry['extensions']} {entry['style']} "
+                                    "extensions: <= 2 us per extension per hook",
+                          "measured": entry["us_per_extension"], "limit": 2.0,
+                          "met": entry["us_per_extension"] <= 2.0})
+    return found
+
+
+# ------------------------------------------------------------------- output
+def format_table(rows: List[dict], mode: str) -> str:
+    lines = []
+    header = (f"{'contender':<27}{'samples/s':>10}{'min-max':>17}{'x hand':>8}{'x Module':>9}"
+              f"{'us/batch':>10}{'CPU us/b':>9}{'peak MiB':>9}{'+MiB':>6}{'params':>8}{'load':>6}")
+    cell = None
+    for row in rows:
+        this = (row["model"], row["batch_size"], row["contexts"])
+        if this != cell:
+            cell = this
+            lines += ["", f"{describe_cell(cell)}: {row['samples_per_epoch']} samples/epoch, "
+                          f"{row['batches_per_epoch']} batches, warm-up + {row['timed_epochs']} "
+                          f"timed epochs" + (f", {row['runs']} runs pooled" if row["runs"] > 1 else ""),
+                      header, "-" * len(header)]
+        if row["errors"]:
+            lines.append(f"{row['label']:<27}  FAILED: {row['errors'][0].splitlines()[0]}")
+            continue
+        sps = row["samples_per_second"]
+        spread = f"{sps['min']:,.0f}-{sps['max']:,.0f}"
+
+        def number(value, fmt):
+            return "-" if value is None else format(value, fmt)
+
+        if row["contender"] == "hand":
+            params = "ref"
+        elif not row["finite"]:
+            params = "NONFIN"
+        elif "equal_to_hand" not in row:
+            params = "?"
+        elif row["equal_to_hand"]:
+            params = "equal"
+        else:
+            params = "DIFF" if row["expected_equal_to_hand"] else f"{row['max_abs_diff_to_hand']:.0e}"
+        load = number(row["other_load_cores"], ".2f")
+        lines.append(f"{row['label']:<27}{sps['median']:>10,.0f}{spread:>17}"
+                     f"{number(row['ratio_to_hand'], '.2f'):>8}{number(row['ratio_to_module_fit'], '.2f'):>9}"
+                     f"{number(row['overhead_us_per_batch'], '+.0f'):>10}{row['cpu_us_per_batch']:>9.0f}"
+                     f"{row['peak_rss_mib']:>9.0f}"
+                     f"{row['peak_over_start_mib']:>6.0f}{params:>8}{load:>6}")
+    notes = sorted({n for row in rows for n in row.get("notes", ())})
+    if notes:
+        lines += ["", "Notes from the workers:"] + [f"  - {n}" for n in notes]
+    if mode == "check":
+        lines += ["", "(--check runs two workers at once on tiny epochs: the speed columns mean nothing)"]
+    return "\n".join(lines)
+
+
+def format_micro(micro: dict) -> str:
+    lines = ["", "Micro-benchmark (benchmarks/micro.py)"]
+    for entry in micro.get("dispatch", ()):
+        lines.append(f"  dispatch one hook to {entry['extensions']:>2} {entry['style']:<26} extensions: "
+                     f"{entry['us_per_hook']:7.2f} us per hook, {entry['us_per_extension']:.3f} us per extension")
+    for entry in micro.get("per_batch", ()):
+        lines.append(f"  {entry['cell']} {entry['name']:<34} {entry['us_per_batch']:+8.1f} us/batch wall, "
+                     f"{entry['cpu_us_per_batch']:+8.1f} CPU; {entry['hook_us_per_batch']:6.1f} us in "
+                     "its per-batch hooks")
+    for note in micro.get("notes", ()):
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
+
+
+def format_targets(found: List[dict]) -> str:
+    lines = ["", f"Targets ({TARGETS_TEXT})"]
+    for entry in found:
+        measured = entry["measured"]
+        text = f"{measured:.1%}" if entry["limit"] <= 1 else f"{measured:.2f}"
+        if "MiB" in entry["target"]:
+            text = f"{measured:.0f} MiB"
+        elif "us per" in entry["target"]:
+            text = f"{measured:.3f} us"
+        lines.append(f"  {'met   ' if entry['met'] else 'MISSED'}  {entry['target']}: {text}")
+    return "\n".join(lines)
+
+
+def run_micro(args: List[str], env: Dict[str, str], root: str, nice: int = 0) -> Optional[dict]:
+    path = os.path.join(root, "micro.json")
+    completed = subprocess.run([sys.executable, os.path.join(HERE, "micro.py"), "--json", path, *args],
+                               env=env, capture_output=True, text=True,
+                               preexec_fn=(lambda: os.nice(nice)) if nice else None)
+    if completed.returncode != 0 or not os.path.exists(path):
+        print(f"micro.py failed with status {completed.returncode}:\n{completed.stdout[-2000:]}"
+              f"{completed.stderr[-2000:]}", file=sys.stderr)
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------------- main
+def parse_cells(text: str):
+    cells = []
+    for item in text.split(","):
+        model, batch, contexts = item.split("-")
+        cells.append((model, int(batch), int(contexts)))
+    return tuple(cells)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_true", help="the target cells, short epochs (< 2 min)")
+    group.add_argument("--check", action="store_true",
+                       help="correctness only: tiny epochs, every contender, two workers at once")
+    parser.add_argument("--json", default=None,
+                        help=f"where to write the results (default {os.path.relpath(DEFAULT_JSON)})")
+    parser.add_argument("--contenders", help="comma-separated subset, e.g. hand,mxoid_bare")
+    parser.add_argument("--cells", help="comma-separated model-batch-contexts, e.g. mlp-32-1,lenet-128-2")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every worker this many times, interleaved, and pool the epochs")
+    parser.add_argument("--timed-epochs", type=int, help="timed epochs after the warm-up")
+    parser.add_argument("--samples", type=int, help="samples per epoch, for every model")
+    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
+                        help="before each worker, wait (at most SECONDS) until other processes "
+                             "use less than a quarter of a core")
+    parser.add_argument("--spawn", action="store_true",
+                        help="start every worker as a fresh interpreter instead of forking it "
+                             "from a server that has imported MXNet (slower by ~3 s a worker)")
+    parser.add_argument("--nice", type=int, default=0,
+                        help="run the workers at this niceness (negative, as root: ahead of "
+                             "other processes on a shared machine)")
+    parser.add_argument("--mxoid", default=ROOT, metavar="PATH",
+                        help="the folder holding the mxoid package the workers import "
+                             "(default: this checkout), e.g. a git worktree of another commit")
+    parser.add_argument("--no-micro", action="store_true", help="skip the micro-benchmark")
+    parser.add_argument("--keep", action="store_true", help="keep the workers' folders")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+
+    mode = "quick" if args.quick else "check" if args.check else "full"
+    config = dict(MODES[mode])
+    contenders = list(config["contenders"])
+    if args.contenders:
+        contenders = args.contenders.split(",")
+        unknown = sorted(set(contenders) - set(ALL_CONTENDERS))
+        if unknown:
+            parser.error(f"unknown contenders {unknown}; choose from {list(ALL_CONTENDERS)}")
+        if "hand" not in contenders:
+            contenders.insert(0, "hand")  # the reference for ratios and parameters
+    cells = parse_cells(args.cells) if args.cells else config["cells"]
+    timed = args.timed_epochs or config["timed_epochs"]
+    samples = {m: args.samples or n for m, n in config["samples"].items()}
+    mxoid_root = os.path.abspath(args.mxoid)
+    if not os.path.isfile(os.path.join(mxoid_root, "mxoid", "__init__.py")):
+        parser.error(f"--mxoid {args.mxoid}: no mxoid/__init__.py there")
+    env = worker_env(mxoid_root)
+    machine = machine_info(mxoid_root)
+    launcher = Launcher(env, args.nice, args.spawn)
+    print(f"mxoid benchmark, mode {mode}: {machine['nproc']} CPUs ({machine['cpu']}), "
+          f"Python {machine['python']}, mxoid {machine['mxoid_commit']}"
+          f"{' + uncommitted changes' if machine['mxoid_uncommitted_changes'] else ''}", flush=True)
+
+    root = tempfile.mkdtemp(prefix="mxoid-bench-")
+    started = time.perf_counter()
+    try:
+        jobs = [Job(contender, model, batch, contexts, samples[model], 1 + timed, root, r)
+                for r in range(args.repeat) for (model, batch, contexts) in cells
+                for contender in contenders]
+        run_jobs(jobs, config["parallel"], launcher, args.quiet, args.wait_quiet)
+        jobs.sort(key=lambda j: (cells.index(j.cell), contenders.index(j.contender), j.repeat))
+        rows = analyse(jobs, contenders)
+        check = correctness(rows)
+        micro = None if args.no_micro else run_micro(config["micro"], env, root, args.nice)
+        found = targets(rows, micro)
+        print(format_table(rows, mode))
+        print("\nCorrectness: " + ("every contender finite; every contender that computes the same "
+                                   "thing as the hand loop ends with its parameters "
+                                   f"(rtol {RTOL}, atol {ATOL})" if check["ok"] else "FAILED"))
+        for failure in check["failures"]:
+            print(f"  - {failure}")
+        if micro:
+            print(format_micro(micro))
+        if mode != "check":
+            print(format_targets(found))
+        elapsed = time.perf_counter() - started
+        print(f"\n{len(jobs)} workers in {elapsed:.0f} s")
+        report = {
+            "mode": mode, "command": " ".join([os.path.relpath(__file__, ROOT)] + list(argv or sys.argv[1:])),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": elapsed, "machine": machine,
+            "worker_env": {k: v for k, v in env.items()
+                           if k in WORKER_ENV or k.startswith(("MXNET_", "OMP_", "KMP_"))},
+            "settings": {"cells": [list(c) for c in cells], "samples_per_epoch": samples,
+                         "timed_epochs": timed, "warmup_epochs": 1, "repeat": args.repeat,
+                         "parallel_workers": config["parallel"], "wait_quiet": args.wait_quiet, "nice": args.nice,
+                         "workers": "fresh interpreters" if args.spawn else "forked from a fork server"},
+            "results": rows, "correctness": check, "targets": found if mode != "check" else [],
+            "micro": micro,
+        }
+        path = args.json or DEFAULT_JSON
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(report, f, indent=1)
+        print(f"results written to {path}")
+        return 0 if check["ok"] else 1
+    finally:
+        if args.keep:
+            print(f"workers' folders kept in {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

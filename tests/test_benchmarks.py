@@ -1,0 +1,87 @@
+"""The benchmark runs end to end, and its contenders compute what the hand-written loop computes.
+
+``benchmarks/run.py --check`` trains every contender (each in its own worker
+process, tiny epochs) on one and two contexts and runs the micro-benchmark.
+Only correctness is asserted here; speed lives in the benchmark's output.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN = os.path.join(ROOT, "benchmarks", "run.py")
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import run as benchmark  # noqa: E402  (the runner imports no MXNet)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    path = tmp_path_factory.mktemp("benchmark") / "check.json"
+    completed = subprocess.run([sys.executable, RUN, "--check", "--quiet", "--json", str(path)],
+                               capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
+    with open(path) as f:
+        return json.load(f), completed.stdout
+
+
+def test_every_contender_ran_in_every_cell(report):
+    data, _ = report
+    cells = {tuple(cell) for cell in data["settings"]["cells"]}
+    assert {contexts for _, _, contexts in cells} == {1, 2}
+    ran = {(r["contender"], r["model"], r["batch_size"], r["contexts"]) for r in data["results"]}
+    assert ran == {(c,) + cell for c in benchmark.ALL_CONTENDERS for cell in cells}
+    for row in data["results"]:
+        assert not row["errors"], row["errors"]
+        assert row["samples_per_second"]["median"] > 0
+
+
+def test_every_contender_ends_with_finite_parameters(report):
+    data, _ = report
+    assert all(row["finite"] for row in data["results"])
+
+
+def test_same_computation_ends_with_the_hand_loops_parameters(report):
+    data, stdout = report
+    assert data["correctness"]["ok"], data["correctness"]["failures"]
+    checked = [row for row in data["results"] if row["contender"] in benchmark.EQUAL_TO_HAND]
+    assert {row["contender"] for row in checked} == set(benchmark.EQUAL_TO_HAND)
+    for row in checked:
+        assert row["equal_to_hand"], row
+        assert row["max_abs_diff_to_hand"] <= 1e-5, row
+    assert "Correctness: every contender finite" in stdout
+
+
+def test_training_moved_the_parameters(tmp_path):
+    """The equality above is not vacuous: training changes the initial parameters."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import contenders
+    import mxnet as mx
+    X, y = contenders.make_data("mlp", 64)
+    train = mx.io.NDArrayIter(X, y, batch_size=32, label_name="softmax_label")
+    spec = {"model": "mlp", "batch_size": 32, "contexts": 1, "epochs": 1,
+            "workdir": str(tmp_path), "notes": []}
+    init = contenders.initial_params("mlp")
+    params = contenders.hand_loop(spec, train, init, contenders.EpochClock())
+    assert not np.allclose(params["fc1_weight"], init["fc1_weight"], atol=1e-4)
+
+
+def test_micro_benchmark_reports_dispatch_and_per_batch_costs(report):
+    data, _ = report
+    micro = data["micro"]
+    assert micro is not None
+    assert {entry["extensions"] for entry in micro["dispatch"]} == {10, 50}
+    assert all(entry["us_per_extension"] > 0 for entry in micro["dispatch"])
+    assert micro["per_batch"] and micro["per_batch"][0]["name"].startswith("bare")
+
+
+def test_module_fit_without_metric_really_computes_none():
+    """The 'no metric' contender's metric is an empty CompositeEvalMetric: nothing to sync."""
+    import mxnet as mx
+    metric = mx.metric.CompositeEvalMetric()
+    metric.update_dict({"softmax_label": mx.nd.zeros(2)}, {"softmax_output": mx.nd.zeros((2, 3))})
+    assert metric.get_name_value() == []
