@@ -8,6 +8,7 @@ from .log_files import read_log
 from .extensions import Evaluate, TrainingMonitoring
 from .log import TrainingLog, TrainingStatus
 from .main_loop import MainLoop
+from .distributed import allreduce_sums, shard
 
 __version__ = "0.1.0"
 
@@ -32,4 +33,6 @@ __all__ = [
     "read_log",
     "Evaluate",
     "TrainingMonitoring",
+    "allreduce_sums",
+    "shard",
 ]

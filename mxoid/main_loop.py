@@ -11,6 +11,7 @@ import mxnet as mx
 
 from .data_position import DataPosition
 from .dispatch import HookDispatcher
+from .distributed import exit_after_error, is_distributed, prepare_workers, pull_parameters
 from .executor_manager import DataParallelExecutorManager
 from .extensions.base import Extension
 from .initialization import initial_params
@@ -152,7 +153,10 @@ class MainLoop:
         if self.kvstore is not None:
             initialize_kvstore(self.kvstore, self.manager.param_arrays, arg_values,
                                self.manager.param_names, self.update_on_kvstore)
-            if self.update_on_kvstore:
+            if is_distributed(self.kvstore):  # the servers' optimizer, equal steps, reductions
+                prepare_workers(self.kvstore, self.optimizer if self.update_on_kvstore else None,
+                                len(self.manager.param_names), train_data, self.extensions)
+            elif self.update_on_kvstore:
                 self.kvstore.set_optimizer(self.optimizer)
         self.updater = None if self.update_on_kvstore else mx.optimizer.get_updater(self.optimizer)
         self._update = self._make_update()
@@ -190,7 +194,10 @@ class MainLoop:
         ------
         Exception
             Whatever training or a hook raised, after the ``on_error`` hooks ran
-            and the error was recorded in the log (record ``error``).
+            and the error was recorded in the log (record ``error``). On a
+            distributed kvstore the worker instead prints the traceback and
+            exits with status 1 (:func:`mxoid.distributed.exit_after_error`):
+            it would otherwise hang at exit, waiting for the other workers.
         """
         status = self.status
         fire = self.dispatcher.fire
@@ -220,9 +227,14 @@ class MainLoop:
                     self.request_stop(f"interrupted by {status.interrupted}")
                     fire("on_interrupt")
                 status.training_finished = True
+                if is_distributed(self.kvstore) and self.update_on_kvstore:
+                    pull_parameters(self.kvstore, self.manager.param_names,
+                                    self.manager.param_arrays)  # dist_async: end equal
                 fire("after_training")
         except Exception as error:
             self._handle_error(error)
+            if is_distributed(self.kvstore):  # would hang at exit in ps-lite's finalize barrier
+                exit_after_error(error, status.rank)
             raise
         if status.interrupted is not None:
             self._report_interruption()

@@ -1,0 +1,128 @@
+"""A worker of the distributed tests: trains a small MLP with MainLoop on a dist kvstore.
+
+Run by ``mxoid launch`` from tests/test_distributed.py; the test imports
+:func:`network`, :func:`data` and :func:`initial_params` to train the same
+model in one process. Each worker writes ``<out>/rank<r>.json`` (its records
+and whether it holds the servers' parameters) and ``<out>/rank<r>.npz``
+(its final parameters).
+"""
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+
+from mxoid import Evaluate, Extension, FinishAfter, MainLoop
+from mxoid.distributed import shard, shard_arrays
+
+OPTIMIZER_PARAMS = {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}
+
+
+def network() -> mx.sym.Symbol:
+    data = mx.sym.Variable("data")
+    hidden = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=16, name="fc1"),
+                               act_type="relu")
+    return mx.sym.SoftmaxOutput(mx.sym.FullyConnected(hidden, num_hidden=3, name="fc2"),
+                                name="softmax")
+
+
+def data(n: int, seed: int):
+    rng = np.random.RandomState(seed)
+    y = rng.randint(0, 3, size=n)
+    X = np.random.RandomState(0).randn(3, 10)[y] * 0.6 + rng.randn(n, 10)
+    return X.astype("float32"), y.astype("float32")
+
+
+def initial_params():
+    rng = np.random.RandomState(1)
+    shapes = {"fc1_weight": (16, 10), "fc1_bias": (16,), "fc2_weight": (3, 16), "fc2_bias": (3,)}
+    return {name: mx.nd.array(rng.uniform(-0.3, 0.3, shape)) for name, shape in shapes.items()}
+
+
+class Act(Extension):
+    """At batch ``at`` on rank ``rank``: note the time in ``<out>/acted``, then raise or
+    kill this process."""
+
+    def __init__(self, action: str, at: int, rank: int, out: str) -> None:
+        super().__init__(after_batch=True)
+        self.action, self.at, self.rank, self.out = action, at, rank, out
+
+    def do(self, which_callback, *args):
+        status = self.main_loop.status
+        if status.rank != self.rank or status.iterations_done != self.at:
+            return
+        print(f"rank {status.rank}: {self.action} at batch {status.iterations_done}", flush=True)
+        with open(os.path.join(self.out, "acted"), "w") as acted:
+            acted.write(repr(time.time()))
+        if self.action == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError("extension failure on purpose")
+
+
+class Touch(Extension):
+    """Writes ``<out>/<name>_rank<r>`` after training."""
+
+    def __init__(self, out: str, **kwargs) -> None:
+        super().__init__(after_training=True, **kwargs)
+        self.out = out
+
+    def do(self, which_callback, *args):
+        path = os.path.join(self.out, f"{self.name}_rank{self.main_loop.status.rank}")
+        open(path, "w").close()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kvstore", default="dist_sync")
+    parser.add_argument("--batch-size", type=int, default=10)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--act", choices=("raise", "kill"))
+    parser.add_argument("--act-at", type=int, default=5)
+    parser.add_argument("--unequal", action="store_true", help="rank 1 gets fewer rows")
+    args = parser.parse_args(argv)
+
+    kv = mx.kv.create(args.kvstore)
+    print(f"rank {kv.rank} of {kv.num_workers}", flush=True)
+    X, y = data(200, seed=0)
+    if args.unequal:
+        X, y = shard_arrays([X, y], kv)
+        keep = len(X) - (30 if kv.rank == 1 else 0)
+        train = mx.io.NDArrayIter(X[:keep], y[:keep], batch_size=args.batch_size,
+                                  label_name="softmax_label")
+    else:
+        train = shard(X, y, kvstore=kv, batch_size=args.batch_size, label_name="softmax_label")
+    valid = shard(*data(60, seed=5), kvstore=kv, batch_size=10, label_name="softmax_label")
+    extensions = [FinishAfter(after_n_epochs=args.epochs),
+                  Evaluate({"valid": valid}, metrics=["acc", "ce"]),
+                  Touch(args.out, name="everyone"),
+                  Touch(args.out, name="rank_zero", rank_zero_only=True)]
+    if args.act:
+        extensions.append(Act(args.act, args.act_at, rank=1, out=args.out))
+    loop = MainLoop(network(), train, optimizer="sgd", optimizer_params=dict(OPTIMIZER_PARAMS),
+                    arg_params=initial_params(), kvstore=kv, extensions=extensions)
+    loop.run()
+
+    params = {name: value.asnumpy() for name, value in loop.get_params()[0].items()}
+    mx.nd.waitall()
+    kv._barrier()
+    on_servers = {}
+    for name, value in params.items():
+        pulled = mx.nd.zeros(value.shape)
+        kv.pull(name, out=pulled)
+        on_servers[name] = pulled.asnumpy()
+    holds_servers = all(np.array_equal(params[name], on_servers[name]) for name in params)
+    records = {str(iteration): dict(row) for iteration, row in loop.log.items()}
+    with open(os.path.join(args.out, f"rank{kv.rank}.json"), "w") as out:
+        json.dump({"holds_servers": holds_servers, "records": records,
+                   "status": loop.status.state_dict()}, out, default=float)
+    np.savez(os.path.join(args.out, f"rank{kv.rank}.npz"), **params)
+    print(f"rank {kv.rank} done", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
