@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 
 import mxnet as mx
 import numpy as np

@@ -1,0 +1,234 @@
+"""Running sums of metrics over batches, kept on the devices."""
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
+
+import mxnet as mx
+import numpy as np
+
+from ..errors import clean_mxnet_message
+from ..executor_manager import output_short_name
+from .creation import Metric
+from .device import DeviceMetric
+from .host import HostMetric
+from .naming import label_for_output
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..executor_manager import DataParallelExecutorManager
+
+__all__ = ["MetricAccumulator", "Reducer"]
+
+Reducer = Callable[[np.ndarray], np.ndarray]
+"""Maps the ``(metrics, 2)`` array of ``(sum, count)`` rows to the same, e.g. summed over workers."""
+
+_CACHED_OP_FLAGS = [("static_alloc", True), ("static_shape", True)]
+
+class MetricAccumulator:
+    """Running sums of metrics over the batches run through one executor manager.
+
+    Call :meth:`update` after each forward pass of ``manager``: it adds the
+    batch's real rows (the first ``manager.valid_rows[k]`` rows of device
+    ``k``) to per-device sums, with one cached operator call per device and
+    no host synchronization for :class:`DeviceMetric` (the operator graphs
+    and every array are made here, once). :meth:`values` reads the sums.
+
+    Parameters
+    ----------
+    manager : DataParallelExecutorManager
+        Bound for the batches to come (its ``outputs`` and ``labels``).
+    metrics : sequence of (str, Metric)
+        Output name (without ``_output``) and metric on it.
+
+    Attributes
+    ----------
+    rows : int
+        Real rows added since the last :meth:`reset`.
+
+    Examples
+    --------
+    >>> accumulator = MetricAccumulator(manager, [("softmax", m) for m in create_metrics("acc")])
+    >>> for batch in it:
+    ...     manager.load_data_batch(batch); manager.forward(); accumulator.update()
+    >>> accumulator.values()
+    [0.93]
+    """
+
+    def __init__(self, manager: "DataParallelExecutorManager",
+                 metrics: Sequence[Tuple[str, Metric]]) -> None:
+        self.manager = manager
+        self.metrics: List[Metric] = []
+        self.rows = 0
+        device_entries, self._host = [], []
+        for output, metric in metrics:
+            output = output_short_name(output)
+            if output not in manager.outputs:
+                raise ValueError(f"no output named {output!r}; the symbol's outputs are "
+                                 f"{manager.output_names}")
+            label = label_for_output(output, manager.output_names, manager.label_names)
+            if isinstance(metric, HostMetric):
+                metric = copy.deepcopy(metric)  # each accumulator keeps its own state
+                self._host.append((metric, manager.outputs[output], manager.labels[label]))
+            else:
+                device_entries.append((len(self.metrics), metric, output, label))
+            self.metrics.append(metric)
+        self._device_index = [entry[0] for entry in device_entries]
+        self._elements = np.zeros(len(self.metrics))
+        self._calls: List[List[tuple]] = [[], []]
+        self._sums: List[List[List[mx.nd.NDArray]]] = [[], []]
+        self._mask_position = 0
+        self._masks: Dict[Tuple[int, ...], List[mx.nd.NDArray]] = {}
+        if device_entries:
+            self._bind_devices(device_entries)
+        self._parity = 0
+
+    def _bind_devices(self, entries: List[Tuple[int, DeviceMetric, str, str]]) -> None:
+        manager = self.manager
+        outputs = sorted({output for _, _, output, _ in entries})
+        labels = sorted({label for _, _, _, label in entries})
+        for device, ctx in enumerate(manager.contexts):
+            pred_shapes = {o: tuple(manager.outputs[o][device].shape) for o in outputs}
+            label_shapes = {n: tuple(manager.labels[n][device].shape) for n in labels}
+            symbols = {f"pred{i}": mx.sym.var(f"pred{i}") for i in range(len(outputs))}
+            symbols.update({f"label{i}": mx.sym.var(f"label{i}") for i in range(len(labels))})
+            mask = mx.sym.var("mask")
+            new_sums = []
+            for position, (index, metric, output, label) in enumerate(entries):
+                pred = symbols[f"pred{outputs.index(output)}"]
+                label_symbol = symbols[f"label{labels.index(label)}"]
+                sums, elements = metric.per_row(pred, label_symbol, pred_shapes[output],
+                                                label_shapes[label])
+                self._elements[index] = elements
+                sums = mx.sym.cast(sums, dtype="float64")
+                new_sums.append(mx.sym.var(f"sum{position}")
+                                + mx.sym.where(mask, sums, mx.sym.zeros_like(sums)))
+            graph = mx.sym.Group(new_sums)
+            rows = manager.slices[device].stop - manager.slices[device].start
+            inputs = {f"pred{i}": manager.outputs[o][device] for i, o in enumerate(outputs)}
+            inputs.update({f"label{i}": manager.labels[n][device] for i, n in enumerate(labels)})
+            inputs["mask"] = mx.nd.ones((rows,), ctx=ctx, dtype="float64")
+            self._check_graph(graph, inputs, rows, [m for _, m, _, _ in entries])
+            names = graph.list_arguments()
+            self._mask_position = names.index("mask")
+            operator = mx.nd.CachedOp(graph, flags=_CACHED_OP_FLAGS)
+            sums = [[mx.nd.zeros((rows,), ctx=ctx, dtype="float64") for _ in entries] for _ in range(2)]
+            for parity in (0, 1):
+                inputs.update({f"sum{p}": array for p, array in enumerate(sums[parity])})
+                self._calls[parity].append((operator, [inputs[n] for n in names], sums[1 - parity]))
+                self._sums[parity].append(sums[parity])
+
+    @staticmethod
+    def _check_graph(graph: mx.sym.Symbol, inputs: Dict[str, mx.nd.NDArray], rows: int,
+                     metrics: List[DeviceMetric]) -> None:
+        shapes = {name: array.shape for name, array in inputs.items()}
+        shapes.update({f"sum{p}": (rows,) for p in range(len(metrics))})
+        try:
+            _, out_shapes, _ = graph.infer_shape(**shapes)
+        except mx.base.MXNetError as error:
+            raise ValueError(f"the metrics {[m.name for m in metrics]} do not fit the outputs and "
+                             f"labels of shapes {shapes}: {clean_mxnet_message(error)}") from None
+        for metric, shape in zip(metrics, out_shapes):
+            if tuple(shape) != (rows,):
+                raise ValueError(f"metric {metric.name!r} gives per-row sums of shape "
+                                 f"{tuple(shape)}; they must have shape ({rows},)")
+
+    # ------------------------------------------------------------- batches
+    def update(self) -> None:
+        """Add the batch just run forward (its real rows only)."""
+        manager = self.manager
+        pad = manager.pad
+        calls = self._calls[self._parity]
+        if pad:
+            masks = self._masks_for(manager.valid_rows)
+            position = self._mask_position
+            for (operator, args, out), mask in zip(calls, masks):
+                args = list(args)
+                args[position] = mask
+                operator(*args, out=out)
+        else:
+            for operator, args, out in calls:
+                operator(*args, out=out)
+        if calls:
+            self._parity = 1 - self._parity
+        if self._host:
+            self._update_host(manager.valid_rows)
+        self.rows += manager.batch_size - pad
+
+    def _masks_for(self, valid_rows: Sequence[int]) -> List[mx.nd.NDArray]:
+        key = tuple(valid_rows)
+        masks = self._masks.get(key)
+        if masks is None:
+            masks = []
+            for valid, slc, ctx in zip(valid_rows, self.manager.slices, self.manager.contexts):
+                flags = (np.arange(slc.stop - slc.start) < valid).astype("float64")
+                masks.append(mx.nd.array(flags, ctx=ctx, dtype="float64"))
+            self._masks[key] = masks
+        return masks
+
+    def _update_host(self, valid_rows: Sequence[int]) -> None:
+        for metric, preds, labels in self._host:
+            metric.update([label[:valid] for label, valid in zip(labels, valid_rows) if valid],
+                          [pred[:valid] for pred, valid in zip(preds, valid_rows) if valid])
+
+    def reset(self) -> None:
+        """Forget every batch added."""
+        for device_sums in self._sums[self._parity]:
+            for array in device_sums:
+                array[:] = 0
+        for metric, _, _ in self._host:
+            metric.reset()
+        self.rows = 0
+
+    # --------------------------------------------------------------- state
+    def state_dict(self) -> Dict[str, object]:
+        """Return the running sums as plain data (it reads the devices), for a checkpoint.
+
+        The per-row sums are kept as they are on each device, so a resumed
+        run adds the next batches to exactly the same numbers.
+        """
+        device_sums = [[array.asnumpy().tolist() for array in sums]
+                       for sums in self._sums[self._parity]]
+        host = [list(metric.totals()) for metric, _, _ in self._host]
+        return {"rows": self.rows, "device_sums": device_sums, "host": host}
+
+    def load_state_dict(self, state: Dict[str, object]) -> None:
+        """Restore the running sums of :meth:`state_dict`."""
+        self.rows = int(state["rows"])
+        for sums, saved in zip(self._sums[self._parity], state["device_sums"]):
+            for array, values in zip(sums, saved):
+                array[:] = np.asarray(values, dtype="float64")
+        for (metric, _, _), (total, count) in zip(self._host, state["host"]):
+            metric.restore_totals(total, count)
+
+    # -------------------------------------------------------------- values
+    def totals(self) -> np.ndarray:
+        """Return the ``(len(metrics), 2)`` array of ``(sum, count)`` per metric, on the host.
+
+        This reads the devices (it waits for the batches added). Sums and
+        counts add up across workers, so a distributed run can sum them
+        before :meth:`values` divides.
+        """
+        totals = np.zeros((len(self.metrics), 2))
+        totals[:, 1] = self.rows * self._elements
+        device_sums = self._sums[self._parity]
+        for position, index in enumerate(self._device_index):
+            totals[index, 0] = sum(float(sums[position].asnumpy().sum()) for sums in device_sums)
+        for index, metric in enumerate(self.metrics):
+            if isinstance(metric, HostMetric):
+                totals[index] = metric.totals()
+        return totals
+
+    def values(self, reduce: Optional[Reducer] = None) -> List[float]:
+        """Return the value of each metric over the batches added since :meth:`reset`.
+
+        Parameters
+        ----------
+        reduce : callable, optional
+            Applied to :meth:`totals` before the division, e.g. a sum over
+            workers in distributed training.
+        """
+        totals = self.totals()
+        if reduce is not None:
+            totals = np.asarray(reduce(totals), dtype=np.float64)
+        return [metric.value(float(total), float(count))
+                for metric, (total, count) in zip(self.metrics, totals)]

@@ -1,0 +1,138 @@
+"""Metrics computed on the devices: per-row sums built from MXNet operators."""
+from __future__ import annotations
+
+import math
+import re
+from typing import Callable, Dict, Tuple
+
+import mxnet as mx
+import numpy as np
+
+from .naming import snake_case
+
+__all__ = ["DEVICE_METRICS", "DEVICE_METRIC_NAMES", "TOP_K", "DeviceMetric", "PerRow", "top_k_accuracy"]
+
+Shape = Tuple[int, ...]
+PerRow = Callable[[mx.sym.Symbol, mx.sym.Symbol, Shape, Shape], Tuple[mx.sym.Symbol, int]]
+DEVICE_METRIC_NAMES = ("acc", "accuracy", "top_k_accuracy_<k>", "mse", "mae", "rmse", "ce",
+                       "cross-entropy", "nll_loss")
+"""The metric names computed on the devices."""
+
+_EPS = 1e-12  # MXNet's CrossEntropy and NegativeLogLikelihood add it before the log
+TOP_K = re.compile(r"^top_k_acc(?:uracy)?_(\d+)$")
+
+
+def _elements(shape: Shape) -> int:
+    return int(np.prod(shape[1:], dtype=np.int64))
+
+
+def _row_sums(values: mx.sym.Symbol) -> mx.sym.Symbol:
+    return mx.sym.sum(mx.sym.reshape(values, shape=(0, -1)), axis=1)
+
+
+def _shape_error(metric: str, pred_shape: Shape, label_shape: Shape, needs: str) -> ValueError:
+    return ValueError(f"metric {metric!r} cannot compare an output of shape {pred_shape} with a "
+                      f"label of shape {label_shape} (per device): it needs {needs}")
+
+
+def _accuracy(pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape,
+              label_shape: Shape) -> Tuple[mx.sym.Symbol, int]:
+    if pred_shape != label_shape:
+        if len(pred_shape) < 2 or label_shape != pred_shape[:1] + pred_shape[2:]:
+            raise _shape_error("accuracy", pred_shape, label_shape,
+                               "scores with classes on axis 1 and labels without that axis")
+        pred = mx.sym.argmax(pred, axis=1)
+    hits = mx.sym.broadcast_equal(mx.sym.cast(pred, dtype="int32"), mx.sym.cast(label, dtype="int32"))
+    return _row_sums(hits), _elements(label_shape)
+
+
+def top_k_accuracy(k: int) -> PerRow:
+    def per_row(pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape,
+                label_shape: Shape) -> Tuple[mx.sym.Symbol, int]:
+        if len(pred_shape) != 2 or _elements(label_shape) != 1 or pred_shape[1] < k:
+            raise _shape_error(f"top_k_accuracy_{k}", pred_shape, label_shape,
+                               f"scores of shape (rows, classes >= {k}) and one label per row")
+        top = mx.sym.topk(pred, axis=1, k=k, ret_typ="indices")
+        hits = mx.sym.broadcast_equal(mx.sym.cast(top, dtype="int32"),
+                                      mx.sym.cast(mx.sym.reshape(label, shape=(-1, 1)), dtype="int32"))
+        return mx.sym.sum(hits, axis=1), 1
+    return per_row
+
+
+def _difference(metric: str, pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape,
+                label_shape: Shape) -> mx.sym.Symbol:
+    if _elements(pred_shape) != _elements(label_shape):
+        raise _shape_error(metric, pred_shape, label_shape,
+                           "as many values per row in the output as in the label")
+    return mx.sym.reshape(label, shape=(0, -1)) - mx.sym.reshape(pred, shape=(0, -1))
+
+
+def _squared_error(pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape,
+                   label_shape: Shape) -> Tuple[mx.sym.Symbol, int]:
+    diff = _difference("mse", pred, label, pred_shape, label_shape)
+    return mx.sym.sum(mx.sym.square(diff), axis=1), _elements(label_shape)
+
+
+def _absolute_error(pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape,
+                    label_shape: Shape) -> Tuple[mx.sym.Symbol, int]:
+    diff = _difference("mae", pred, label, pred_shape, label_shape)
+    return mx.sym.sum(mx.sym.abs(diff), axis=1), _elements(label_shape)
+
+
+def _negative_log_likelihood(pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape,
+                             label_shape: Shape) -> Tuple[mx.sym.Symbol, int]:
+    if len(pred_shape) != 2 or _elements(label_shape) != 1:
+        raise _shape_error("cross_entropy", pred_shape, label_shape,
+                           "probabilities of shape (rows, classes) and one class index per row")
+    prob = mx.sym.pick(pred, mx.sym.reshape(label, shape=(-1,)), axis=1)
+    return -mx.sym.log(prob + _EPS), 1
+
+
+class DeviceMetric:
+    """A metric computed on the devices: the mean (or its root) of a per-sample value.
+
+    Parameters
+    ----------
+    name : str
+        The metric part of record names, in snake_case (``'accuracy'``).
+    per_row : callable
+        ``per_row(pred, label, pred_shape, label_shape) -> (sums, elements)``:
+        builds, from the symbols of one device's output and label, the sum of
+        the per-element values of each row (a symbol of shape ``(rows,)``),
+        and returns it with the number of elements a row counts for. Raises
+        ``ValueError`` for shapes it cannot compare.
+    root : bool, default False
+        Report the square root of the mean (RMSE).
+
+    Examples
+    --------
+    >>> def squared_log_error(pred, label, pred_shape, label_shape):
+    ...     diff = mx.sym.log1p(pred) - mx.sym.log1p(mx.sym.reshape(label, shape=pred_shape))
+    ...     return mx.sym.sum(mx.sym.square(diff), axis=1), pred_shape[1]
+    >>> Evaluate({"valid": valid_iter}, {"reg": DeviceMetric("msle", squared_log_error)})
+    """
+
+    def __init__(self, name: str, per_row: PerRow, *, root: bool = False) -> None:
+        self.name = snake_case(name)
+        self.per_row = per_row
+        self.root = root
+
+    def value(self, total: float, count: float) -> float:
+        """Return the metric from the sum of per-element values and their count."""
+        if count <= 0:
+            return math.nan
+        mean = total / count
+        return math.sqrt(mean) if self.root else mean
+
+    def __repr__(self) -> str:
+        return f"<DeviceMetric {self.name!r}>"
+
+
+DEVICE_METRICS: Dict[str, Callable[[], DeviceMetric]] = {
+    "accuracy": lambda: DeviceMetric("accuracy", _accuracy),
+    "mse": lambda: DeviceMetric("mse", _squared_error),
+    "mae": lambda: DeviceMetric("mae", _absolute_error),
+    "rmse": lambda: DeviceMetric("rmse", _squared_error, root=True),
+    "cross_entropy": lambda: DeviceMetric("cross_entropy", _negative_log_likelihood),
+    "nll_loss": lambda: DeviceMetric("nll_loss", _negative_log_likelihood),
+}
