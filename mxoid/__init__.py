@@ -8,7 +8,8 @@ from .log_files import read_log
 from .extensions import Evaluate, TrainingMonitoring
 from .log import TrainingLog, TrainingStatus
 from .main_loop import MainLoop
-from .distributed import allreduce_sums, shard
+from .distributed import allreduce_sums
+from .sharding import shard
 
 __version__ = "0.1.0"
 

@@ -1,8 +1,8 @@
-"""Training on MXNet's distributed kvstore (ps-lite): servers, sharding, reductions, failures.
+"""Training on MXNet's distributed kvstore (ps-lite): servers, reductions, failures.
 
 MXNet's ``dist_sync`` / ``dist_async`` kvstores run a parameter server in
-separate processes (see :mod:`mxoid.launch`). This module holds what mxoid
-adds around them:
+separate processes (see :mod:`mxoid.launch`; data is split between workers
+with :mod:`mxoid.sharding`). This module holds what mxoid adds around them:
 
 - :func:`prepare_workers`, which :class:`~mxoid.MainLoop` calls once the
   parameters are on a distributed kvstore: it gives the servers a
@@ -12,8 +12,6 @@ adds around them:
   takes the same number of steps per epoch, and makes the metric extensions
   (``Evaluate``, ``TrainingMonitoring``) sum over the workers;
 - :func:`allgather` and :func:`allreduce_sums`, the exchanges themselves;
-- :func:`shard` and :func:`shard_arrays`, which split a data set by rank
-  into equal parts (the loop never re-shards an iterator it is given);
 - :func:`pull_parameters` (every worker ends with the servers' parameters)
   and :func:`exit_after_error` (a failed worker exits instead of hanging in
   ps-lite's finalize barrier).
@@ -45,10 +43,12 @@ import os
 import sys
 import traceback
 import weakref
-from typing import Any, List, Mapping, NoReturn, Optional, Sequence, Set, Union
+from typing import Any, List, NoReturn, Optional, Sequence, Set
 
 import mxnet as mx
 import numpy as np
+
+from .sharding import steps_per_epoch
 
 __all__ = [
     "ServerOptimizer",
@@ -61,15 +61,9 @@ __all__ = [
     "pull_parameters",
     "run_server",
     "set_server_optimizer",
-    "shard",
-    "shard_arrays",
-    "steps_per_epoch",
 ]
 
 logger = logging.getLogger(__name__)
-
-ArrayLike = Union[np.ndarray, mx.nd.NDArray]
-DataLike = Union[ArrayLike, Sequence[ArrayLike], Mapping[str, ArrayLike]]
 
 MERGED = 2.0
 """Flag the servers' :class:`ServerOptimizer` writes into the rows it merged."""
@@ -85,12 +79,12 @@ SERVERS_NOT_MXOID = (
 UNEQUAL_STEPS = (
     "workers would take unequal numbers of steps per epoch ({counts}); dist_sync would then "
     "hang when the shortest worker stops pushing. Give every worker the same number of "
-    "batches: shard the data with mxoid.distributed.shard(...), or wrap each worker's "
+    "batches: shard the data with mxoid.shard(...), or wrap each worker's "
     "iterator in mx.io.ResizeIter(iterator, size=steps)")
 UNKNOWN_STEPS = (
     "cannot count the batches per epoch of {kinds}, so mxoid cannot check that every worker "
     "takes the same number of steps (unequal counts hang dist_sync). Use an mx.io.NDArrayIter "
-    "(e.g. from mxoid.distributed.shard) or wrap the iterator in mx.io.ResizeIter")
+    "(e.g. from mxoid.shard) or wrap the iterator in mx.io.ResizeIter")
 ASYNC_NEEDS_SERVER_UPDATE = (
     "{kind} needs update_on_kvstore=True: with asynchronous updates the servers must run the "
     "optimizer (each push would otherwise overwrite the previous one)")
@@ -301,24 +295,6 @@ def _reduction_key(kvstore: mx.kv.KVStore, name: str, size: int) -> str:
     return key
 
 
-def steps_per_epoch(data_iter: Any) -> Optional[int]:
-    """Batches per epoch of an iterator, when it can tell without being consumed.
-
-    Knows ``mx.io.NDArrayIter`` (``last_batch_handle`` ``'pad'`` or
-    ``'discard'``; ``'roll_over'`` varies between epochs) and
-    ``mx.io.ResizeIter``; None otherwise.
-    """
-    if isinstance(data_iter, mx.io.ResizeIter):
-        return int(data_iter.size)
-    if isinstance(data_iter, mx.io.NDArrayIter):
-        count, size = data_iter.num_data, data_iter.batch_size
-        if data_iter.last_batch_handle == "pad":
-            return -(-count // size)
-        if data_iter.last_batch_handle == "discard":
-            return count // size
-    return None
-
-
 def check_equal_steps(kvstore: mx.kv.KVStore, train_data: Any) -> None:
     """Raise on every worker when the workers would take unequal numbers of steps per epoch.
 
@@ -378,79 +354,6 @@ def exit_after_error(error: BaseException, rank: int) -> NoReturn:
         except (OSError, ValueError):
             pass
     os._exit(1)
-
-
-def shard_arrays(data: DataLike, kvstore: Optional[mx.kv.KVStore] = None, *,
-                 rank: Optional[int] = None, num_workers: Optional[int] = None) -> DataLike:
-    """This worker's equal share of every array in ``data``: rows ``rank, rank + n, ...``.
-
-    With ``n`` workers and ``N`` rows, every worker gets ``N // n`` rows (the
-    last ``N % n`` rows are left out), so every worker takes the same number
-    of steps. Without shuffling, step ``k`` of the ``n`` workers with batch
-    ``b`` covers the rows of step ``k`` of one process with batch ``n * b``.
-
-    Parameters
-    ----------
-    data : array, list of arrays or dict of arrays
-        NumPy arrays or NDArrays with the same number of rows, as given to
-        ``mx.io.NDArrayIter``.
-    kvstore : KVStore, optional
-        Gives ``rank`` and ``num_workers`` (``kv.rank``, assigned by the
-        scheduler, not the launch order).
-    rank, num_workers : int, optional
-        Instead of ``kvstore``.
-
-    Returns
-    -------
-    The same structure, with NumPy arrays.
-    """
-    if kvstore is not None:
-        rank, num_workers = kvstore.rank, kvstore.num_workers
-    if rank is None or num_workers is None:
-        raise ValueError("give a kvstore, or both rank and num_workers")
-    if not 0 <= rank < num_workers:
-        raise ValueError(f"rank {rank} is not in [0, {num_workers})")
-
-    def one(array: ArrayLike) -> np.ndarray:
-        array = array.asnumpy() if isinstance(array, mx.nd.NDArray) else np.asarray(array)
-        usable = len(array) // num_workers * num_workers
-        if usable == 0:
-            raise ValueError(f"{len(array)} rows cannot be shared by {num_workers} workers")
-        return array[:usable][rank::num_workers]
-
-    if isinstance(data, Mapping):
-        return {name: one(array) for name, array in data.items()}
-    if isinstance(data, (list, tuple)):
-        return type(data)(one(array) for array in data)
-    return one(data)
-
-
-def shard(data: DataLike, label: Optional[DataLike] = None, *, kvstore: mx.kv.KVStore,
-          batch_size: int, **iter_kwargs: Any) -> mx.io.NDArrayIter:
-    """An ``mx.io.NDArrayIter`` over this worker's equal share of ``data`` and ``label``.
-
-    See :func:`shard_arrays` for which rows. Every worker gets the same
-    number of rows, hence of steps per epoch.
-
-    Parameters
-    ----------
-    data, label : array, list of arrays or dict of arrays
-    kvstore : KVStore
-        The distributed kvstore the loop will use.
-    batch_size : int
-        Per worker.
-    **iter_kwargs
-        Passed to ``mx.io.NDArrayIter`` (``shuffle``, ``label_name``, ...).
-
-    Examples
-    --------
-    >>> kv = mx.kv.create("dist_sync")
-    >>> train = shard(X, y, kvstore=kv, batch_size=32, label_name="softmax_label")
-    >>> MainLoop(net, train, kvstore=kv, extensions=[FinishAfter(after_n_epochs=5)]).run()
-    """
-    label = None if label is None else shard_arrays(label, kvstore)
-    return mx.io.NDArrayIter(shard_arrays(data, kvstore), label, batch_size=batch_size,
-                             **iter_kwargs)
 
 
 def run_server(role: str) -> None:

@@ -17,82 +17,30 @@ order: a worker that wants to show its rank prints it.
 Several hosts
 -------------
 ``--hosts`` does not exist: ``mxoid launch`` starts every process on this
-machine. To train on several hosts, start the processes yourself (with ssh,
-a cluster scheduler...). Every process needs ``DMLC_PS_ROOT_URI`` (the
-scheduler's address, reachable from every host), ``DMLC_PS_ROOT_PORT``,
-``DMLC_NUM_SERVER``, ``DMLC_NUM_WORKER`` and ``DMLC_NODE_HOST`` (the address
-of its own host that the others can reach), then:
+machine. On several hosts, start the processes yourself (ssh, a cluster
+scheduler). Each needs ``DMLC_PS_ROOT_URI`` (the scheduler's address,
+reachable from every host), ``DMLC_PS_ROOT_PORT``, ``DMLC_NUM_SERVER``,
+``DMLC_NUM_WORKER`` and ``DMLC_NODE_HOST`` (its own host's address), then:
 
 - the scheduler: ``DMLC_ROLE=scheduler python -c "import mxnet"``;
 - each server: ``python -m mxoid.launch --role server`` with ``DMLC_ROLE``
-  *unset* (``import mxnet`` with ``DMLC_ROLE=server`` would serve before
-  mxoid is imported, and such a server cannot run mxoid's
-  :class:`~mxoid.distributed.ServerOptimizer`);
+  unset (see :func:`mxoid.distributed.run_server`);
 - each worker: ``DMLC_ROLE=worker python train.py``.
 
-Nothing then watches them: ps-lite detects no failure, so a dead process
-leaves the others blocked. Give each process a time limit.
+Nothing then watches them, and ps-lite detects no failure: give each
+process a time limit.
 """
 from __future__ import annotations
 
 import argparse
-import os
-import selectors
 import signal
-import socket
-import subprocess
 import sys
 import time
-from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
+from typing import BinaryIO, List, Optional, Sequence
+
+from .launch_processes import EXIT_FAILURE, SCHEDULER_START_SECONDS, Job
 
 __all__ = ["launch", "main"]
-
-HOST = "127.0.0.1"
-PORT_ATTEMPTS = 5
-SCHEDULER_START_SECONDS = 120.0
-
-EXIT_TIMEOUT = 124
-EXIT_FAILURE = 1
-
-# The scheduler only needs libmxnet's ps-lite: loading the library with ctypes
-# takes 0.2 s where ``import mxnet`` takes 3 s of CPU, on the launch's critical
-# path. It does what mxnet/kvstore/kvstore_server.py does at import.
-SCHEDULER_CODE = """\
-import ctypes, importlib.util, os
-try:
-    path = os.environ.get("MXNET_LIBRARY_PATH") or os.path.join(
-        importlib.util.find_spec("mxnet").submodule_search_locations[0], "libmxnet.so")
-    lib = ctypes.CDLL(path)
-except (OSError, AttributeError, TypeError):
-    import mxnet  # serves inside the import
-    raise SystemExit(0)
-lib.MXGetLastError.restype = ctypes.c_char_p
-handle = ctypes.c_void_p()
-controller = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(
-    lambda *args: None)
-if (lib.MXKVStoreCreate(b"dist", ctypes.byref(handle)) != 0
-        or lib.MXKVStoreRunServer(handle, controller, None) != 0):
-    raise SystemExit("scheduler: " + lib.MXGetLastError().decode(errors="replace"))
-"""
-
-# Every child starts as this small program (``python -S -c EXEC_CODE launcher-pid
-# command...``), which asks Linux to SIGKILL it when the launcher dies
-# (PR_SET_PDEATHSIG survives exec), then becomes the command. Doing this in the
-# child after exec rather than in a preexec_fn keeps launch() safe in threaded
-# programs (a test runner with MXNet's engine threads).
-EXEC_CODE = """\
-import ctypes, os, signal, sys
-try:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-except (OSError, AttributeError):  # not Linux: no parent-death signal
-    pass
-if os.getppid() != int(sys.argv[1]):  # the launcher died before prctl
-    os._exit(1)
-try:
-    os.execvp(sys.argv[2], sys.argv[2:])
-except OSError as error:
-    sys.exit(f"mxoid launch: cannot run {sys.argv[2]!r}: {error}")
-"""
 
 NO_HOSTS = (
     "--hosts is not supported: mxoid launch starts every process on this machine. To train on "
@@ -122,281 +70,6 @@ DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER and DMLC_NODE_HOST (its
 own host's address). Scheduler: DMLC_ROLE=scheduler python -c "import mxnet".
 Servers: python -m mxoid.launch --role server, with DMLC_ROLE unset.
 Workers: DMLC_ROLE=worker python train.py. Nothing then watches them."""
-
-
-class _Process:
-    """One started process, with its output buffers."""
-
-    def __init__(self, role: str, index: int, popen: subprocess.Popen) -> None:
-        self.role = role
-        self.index = index
-        self.popen = popen
-        self.label = role if role == "scheduler" else f"{role} {index}"
-        self.partial: Dict[int, bytes] = {}  # per fd (1, 2): the unfinished last line
-        self.held: Dict[int, bytes] = {}  # per fd: output not shown yet (see start_scheduler)
-
-    @property
-    def pid(self) -> int:
-        return self.popen.pid
-
-    def running(self) -> bool:
-        return self.popen.poll() is None
-
-    def describe_exit(self) -> str:
-        code = self.popen.returncode
-        if code is not None and code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return f"{self.label} (pid {self.pid}) was killed by {name}"
-        return f"{self.label} (pid {self.pid}) exited with status {code}"
-
-    def exit_status(self) -> int:
-        code = self.popen.returncode
-        return 128 - code if code < 0 else code
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
-
-
-def _listening(pid: int, port: int) -> bool:
-    """True when process ``pid`` has a TCP socket listening on ``port`` (from /proc)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as lines:
-                next(lines)
-                for line in lines:
-                    fields = line.split()
-                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                        inodes.add(f"socket:[{fields[9]}]")
-        except OSError:
-            continue
-    if not inodes:
-        return False
-    try:
-        descriptors = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in descriptors:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def _cpu_ticks(pid: int) -> int:
-    """User plus system clock ticks used by ``pid`` so far; 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return 0
-
-
-class _Job:
-    """The processes of one launch, their output, and the decision to stop them."""
-
-    def __init__(self, num_workers: int, num_servers: int, grace: float, stdout: BinaryIO,
-                 stderr: BinaryIO) -> None:
-        self.num_workers = num_workers
-        self.num_servers = num_servers
-        self.grace = grace
-        self.out = {1: stdout, 2: stderr}
-        self.processes: List[_Process] = []
-        self.selector = selectors.DefaultSelector()
-        self.last_activity = time.monotonic()
-        self.last_ticks = 0
-        self.stop_signal: Optional[int] = None
-
-    # ------------------------------------------------------------ starting
-    def environment(self, port: int, role: str) -> Dict[str, str]:
-        env = dict(os.environ)
-        env.update(DMLC_PS_ROOT_URI=HOST, DMLC_PS_ROOT_PORT=str(port),
-                   DMLC_NUM_SERVER=str(self.num_servers), DMLC_NUM_WORKER=str(self.num_workers),
-                   DMLC_NODE_HOST=HOST, PYTHONUNBUFFERED="1")
-        env.pop("DMLC_ROLE", None)
-        if role != "server":  # servers set their role once mxoid is imported
-            env["DMLC_ROLE"] = role
-        return env
-
-    def start(self, role: str, index: int, command: Sequence[str], port: int,
-              show_output: bool = True) -> _Process:
-        wrapped = [sys.executable, "-S", "-c", EXEC_CODE, str(os.getpid()), *command]
-        popen = subprocess.Popen(wrapped, env=self.environment(port, role),
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, start_new_session=True)
-        process = _Process(role, index, popen)
-        self.processes.append(process)
-        for stream, fd in ((popen.stdout, 1), (popen.stderr, 2)):
-            os.set_blocking(stream.fileno(), False)
-            self.selector.register(stream, selectors.EVENT_READ, (process, fd, show_output))
-        return process
-
-    def start_scheduler(self, deadline: float) -> Tuple[Optional[int], str]:
-        """Start the scheduler on a free port; return the port, or None and why not."""
-        command = [sys.executable, "-c", SCHEDULER_CODE]
-        for attempt in range(PORT_ATTEMPTS):
-            port = _free_port()
-            scheduler = self.start("scheduler", 0, command, port, show_output=False)
-            limit = min(deadline, time.monotonic() + SCHEDULER_START_SECONDS)
-            while time.monotonic() < limit and self.stop_signal is None:
-                self.pump(0.1)
-                if _listening(scheduler.pid, port):
-                    self.show_held_output(scheduler)
-                    return port, ""
-                if not scheduler.running():
-                    break
-            if scheduler.running():
-                return None, "the scheduler did not start listening in time"
-            limit = time.monotonic() + 1.0  # read what it said before it died
-            while self.selector.get_map() and time.monotonic() < limit:
-                self.pump(0.05)
-            self.forget(scheduler)
-            if attempt == PORT_ATTEMPTS - 1:
-                self.show_held_output(scheduler)
-                return None, f"the scheduler could not start: {scheduler.describe_exit()}"
-            self.note(f"the scheduler could not bind port {port}; trying another port")
-        return None, "unreachable"
-
-    # -------------------------------------------------------------- output
-    def pump(self, wait: float) -> None:
-        """Copy available output, line by line with a prefix, for up to ``wait`` seconds."""
-        for key, _ in self.selector.select(wait):
-            process, fd, show = key.data
-            try:
-                chunk = os.read(key.fileobj.fileno(), 65536)
-            except BlockingIOError:
-                continue
-            if chunk:
-                self.last_activity = time.monotonic()
-                data = process.partial.pop(fd, b"") + chunk
-                lines, _, rest = data.rpartition(b"\n")
-                if rest:
-                    process.partial[fd] = rest
-            else:  # end of file: the last line, even unfinished
-                self.selector.unregister(key.fileobj)
-                key.fileobj.close()
-                lines = process.partial.pop(fd, b"")
-            if not lines:
-                continue
-            if show:
-                self.write(process, fd, lines)
-            else:
-                process.held[fd] = process.held.get(fd, b"") + lines + b"\n"
-
-    def write(self, process: _Process, fd: int, data: bytes) -> None:
-        prefix = f"[{process.label}] ".encode()
-        stream = self.out[fd]
-        stream.write(b"".join(prefix + line + b"\n" for line in data.splitlines()))
-        stream.flush()
-
-    def show_held_output(self, process: _Process) -> None:
-        for fd, held in process.held.items():
-            self.write(process, fd, held)
-        process.held.clear()
-        for key in list(self.selector.get_map().values()):
-            if key.data[0] is process:
-                self.selector.modify(key.fileobj, selectors.EVENT_READ,
-                                     (process, key.data[1], True))
-
-    def note(self, message: str) -> None:
-        self.out[2].write(f"mxoid launch: {message}\n".encode())
-        self.out[2].flush()
-
-    def forget(self, process: _Process) -> None:
-        for key in list(self.selector.get_map().values()):
-            if key.data[0] is process:
-                self.selector.unregister(key.fileobj)
-                key.fileobj.close()
-        self.processes.remove(process)
-
-    # ------------------------------------------------------------- running
-    def stalled(self, stall_timeout: Optional[float]) -> bool:
-        """No output and no CPU time used by any process for ``stall_timeout`` seconds."""
-        if stall_timeout is None:
-            return False
-        ticks = sum(_cpu_ticks(p.pid) for p in self.processes if p.running())
-        if ticks != self.last_ticks:
-            self.last_ticks = ticks
-            self.last_activity = time.monotonic()
-        return time.monotonic() - self.last_activity > stall_timeout
-
-    def wait(self, deadline: Optional[float], stall_timeout: Optional[float]) -> Tuple[int, str]:
-        """Run until the workers finish or something fails; return (status, reason).
-
-        A scheduler or server exits with status 0 only after every worker
-        reached ps-lite's finalize barrier, so it is no failure: the workers
-        are ending too.
-        """
-        workers = [p for p in self.processes if p.role == "worker"]
-        others = [p for p in self.processes if p.role != "worker"]
-        while True:
-            self.pump(0.1)
-            if self.stop_signal is not None:
-                name = signal.Signals(self.stop_signal).name
-                return 128 + self.stop_signal, f"the launcher received {name}"
-            for process in workers:
-                if not process.running() and process.popen.returncode != 0:
-                    return process.exit_status(), process.describe_exit()
-            if all(not p.running() for p in workers):
-                return 0, ""
-            for process in others:
-                if not process.running() and process.popen.returncode != 0:
-                    return EXIT_FAILURE, f"{process.describe_exit()} while workers were running"
-            if deadline is not None and time.monotonic() > deadline:
-                return EXIT_TIMEOUT, "timed out (--timeout)"
-            if self.stalled(stall_timeout):
-                return EXIT_TIMEOUT, (f"stalled: no output and no CPU time used for "
-                                      f"{stall_timeout:g} s (--stall-timeout)")
-
-    def finish(self) -> List[_Process]:
-        """Let the processes end within the grace period, then SIGTERM, then SIGKILL.
-
-        The first wait lets workers failing together report their errors, and
-        servers end by themselves after the workers. SIGKILL follows SIGTERM
-        after the grace period: a process blocked on a dead peer never runs
-        its SIGTERM handler. Only the process groups of
-        children not yet reaped are signalled, so the group ids cannot belong
-        to anybody else. Returns the processes signalled.
-        """
-        signalled: List[_Process] = []
-        for sig, wait in ((None, self.grace), (signal.SIGTERM, self.grace), (signal.SIGKILL, 5.0)):
-            for process in self.processes:
-                if sig is not None and process.running():
-                    try:
-                        os.killpg(process.pid, sig)
-                    except ProcessLookupError:
-                        pass
-                    if process not in signalled:
-                        signalled.append(process)
-            limit = time.monotonic() + wait
-            while any(p.running() for p in self.processes) and time.monotonic() < limit:
-                self.pump(0.05)
-            if not any(p.running() for p in self.processes):
-                break
-        self.drain()
-        return signalled
-
-    def drain(self) -> None:
-        """Copy the output left in the pipes, for at most a second."""
-        limit = time.monotonic() + 1.0
-        while self.selector.get_map() and time.monotonic() < limit:
-            self.pump(0.05)
-        for key in list(self.selector.get_map().values()):
-            self.selector.unregister(key.fileobj)
-            key.fileobj.close()
-        for process in self.processes:
-            for fd, rest in process.partial.items():
-                self.write(process, fd, rest)
-            process.partial.clear()
 
 
 def launch(command: Sequence[str], num_workers: int, num_servers: int = 1, *,
@@ -431,8 +104,8 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int = 1, *,
         raise ValueError("no command to run: give it after '--'")
     if num_workers < 1 or num_servers < 1:
         raise ValueError("need at least one worker and one server")
-    job = _Job(num_workers, num_servers, grace, stdout or sys.stdout.buffer,
-               stderr or sys.stderr.buffer)
+    job = Job(num_workers, num_servers, grace, stdout or sys.stdout.buffer,
+              stderr or sys.stderr.buffer)
     deadline = None if timeout is None else time.monotonic() + timeout
     previous = {sig: signal.signal(sig, lambda number, frame: setattr(job, "stop_signal", number))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -457,13 +130,7 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int = 1, *,
                      + " (still running after the grace period)")
         return status
     finally:
-        for process in job.processes:  # all reaped already, unless finish() was interrupted
-            if process.running():
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                process.popen.wait()
+        job.kill_remaining()  # none left, unless something above was interrupted
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 

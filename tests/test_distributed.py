@@ -3,7 +3,8 @@
 Each job runs tests/dist_scripts/dist_worker.py on two workers: an MLP
 trained with ``MainLoop`` on ``dist_sync`` or ``dist_async``, with Evaluate
 on each worker's shard of a validation set. The helpers of
-:mod:`mxoid.distributed` that need no kvstore are tested in this process.
+:mod:`mxoid.distributed` and :mod:`mxoid.sharding` that need no kvstore are
+tested in this process.
 """
 import json
 import sys
@@ -14,14 +15,8 @@ import numpy as np
 import pytest
 
 from mxoid import Evaluate, FinishAfter, MainLoop, distributed
-from mxoid.distributed import (
-    ServerOptimizer,
-    allgather,
-    allreduce_sums,
-    shard,
-    shard_arrays,
-    steps_per_epoch,
-)
+from mxoid.distributed import ServerOptimizer, allgather, allreduce_sums
+from mxoid.sharding import shard, shard_arrays, steps_per_epoch
 
 SCRIPTS = Path(__file__).parent / "dist_scripts"
 sys.path.insert(0, str(SCRIPTS))

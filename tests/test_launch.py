@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-import mxoid.launch as launch_module
+import mxoid.launch_processes as launch_processes
 from mxoid.launch import main
 
 sys.path.insert(0, str(Path(__file__).parent / "dist_scripts"))
@@ -80,8 +80,8 @@ def test_the_scheduler_port_is_found_again_when_taken(tmp_path, job_env, monkeyp
     taken.listen()
     port = taken.getsockname()[1]
     ports = iter([port])
-    real = launch_module._free_port
-    monkeypatch.setattr(launch_module, "_free_port", lambda: next(ports, None) or real())
+    real = launch_processes.free_port
+    monkeypatch.setattr(launch_processes, "free_port", lambda: next(ports, None) or real())
     try:
         job = run_job(tmp_path, python("print('ran')"))
     finally:
