@@ -108,7 +108,8 @@ def create_optimizer(optimizer: Union[str, mx.optimizer.Optimizer],
                         f"not {type(optimizer).__name__}")
     params = dict(optimizer_params or {})
     if "rescale_grad" not in params:
-        workers = kvstore.num_workers if kvstore is not None and "_sync" in kvstore.type else 1
+        synchronous = kvstore is not None and "dist" in kvstore.type and "async" not in kvstore.type
+        workers = kvstore.num_workers if synchronous else 1
         params["rescale_grad"] = 1.0 / (batch_size * workers)
     known = sorted(mx.optimizer.Optimizer.opt_registry)
     if optimizer.lower() not in known:
