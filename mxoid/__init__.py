@@ -6,6 +6,7 @@ from .extensions import (CSVLog, EarlyStopping, JSONLinesLog, LearningRateSchedu
                          Printing, ProgressBar, Timing, TrackBest)
 from .log_files import read_log
 from .extensions import Evaluate, TrainingMonitoring
+from .extensions import TensorBoard
 from .log import TrainingLog, TrainingStatus
 from .main_loop import MainLoop
 from .distributed import allreduce_sums
@@ -34,6 +35,7 @@ __all__ = [
     "read_log",
     "Evaluate",
     "TrainingMonitoring",
+    "TensorBoard",
     "allreduce_sums",
     "shard",
 ]

@@ -10,10 +10,11 @@ from .monitoring import Evaluate, TrainingMonitoring
 from .printing import Printing, ProgressBar
 from .selection import TrackBest
 from .stopping import EarlyStopping, FinishAfter, NaNGuard
+from .tensorboard import TensorBoard
 from .timing import Timing
 from .training import LearningRateSchedule
 
 __all__ = ["HOOKS", "Checkpoint", "Extension", "FinishAfter",
            "CSVLog", "EarlyStopping", "JSONLinesLog", "LearningRateSchedule", "NaNGuard",
            "Printing", "ProgressBar", "Timing", "TrackBest",
-           "Evaluate", "TrainingMonitoring"]
+           "Evaluate", "TrainingMonitoring", "TensorBoard"]

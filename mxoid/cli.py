@@ -1,0 +1,319 @@
+"""The ``mxoid`` command: look at training logs, and launch distributed jobs.
+
+::
+
+    mxoid show runs/digits/log.jsonl                          # the records, a row per epoch
+    mxoid show runs/digits/log.jsonl --records 'valid_*' test_accuracy
+    mxoid plot runs/digits/log.jsonl -o curves.png            # learning curves
+    mxoid launch -n 2 -- python train.py                      # see mxoid.launch
+
+``python -m mxoid`` is the same command. Logs are files written by
+:class:`~mxoid.extensions.JSONLinesLog` or :class:`~mxoid.extensions.CSVLog`,
+read with :func:`mxoid.log_files.read_log`. Bad input (a missing file, an
+empty log, a file that is not a log, an unknown record) gets a one-line
+error on standard error and exit status 1; bad usage gets status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import math
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from . import __version__
+from .log_files import EPOCHS_DONE, ITERATION, RUN, read_log
+
+__all__ = ["PLOT_EXTRA", "main", "metric_families", "select_records"]
+
+EXIT_BAD_INPUT = 1
+PLOT_EXTRA = ("mxoid plot needs matplotlib, which is not installed: "
+              "pip install 'mxoid[plot]' (or: pip install matplotlib)")
+SPLITS = ("train", "valid", "validation", "val", "dev", "test")
+"""Record prefixes always read as the data a metric was measured on."""
+
+DESCRIPTION = """\
+Look at the logs that JSONLinesLog and CSVLog write, or launch a distributed
+training job. Exit status: 0 on success, 1 for bad input (missing file, empty
+log, not a log, unknown record), 2 for bad usage."""
+
+_CELL_WIDTH = 40
+
+
+class InputError(Exception):
+    """Bad input: reported as one line on standard error, with exit status 1."""
+
+
+# ------------------------------------------------------------------ reading
+def _load(path: str, all_runs: bool = False) -> List[Dict[str, Any]]:
+    try:
+        rows = read_log(path, all_runs=all_runs)
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a folder, not a log file") from None
+    except OSError as error:
+        raise InputError(f"{path}: {error.strerror or error}") from None
+    except ValueError as error:
+        raise InputError(str(error)) from None
+    if not rows:
+        raise InputError(f"{path}: the log holds no rows yet (only a run header)")
+    return rows
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _record_names(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """Every record name, in the order they first appear."""
+    names: Dict[str, None] = {}
+    for row in rows:
+        names.update((name, None) for name in row if name not in (RUN, ITERATION, EPOCHS_DONE))
+    return list(names)
+
+
+def _numeric(rows: Sequence[Dict[str, Any]], name: str) -> bool:
+    values = [row[name] for row in rows if row.get(name) is not None]
+    return bool(values) and all(_is_number(value) for value in values)
+
+
+def select_records(rows: Sequence[Dict[str, Any]], wanted: Optional[Sequence[str]],
+                   path: str = "the log") -> List[str]:
+    """Return the records to show: ``wanted`` (names or shell patterns such as
+    ``'valid_*'``, in that order), or by default every record holding numbers.
+
+    Raises
+    ------
+    InputError
+        For a name the log does not hold or a pattern that matches nothing.
+    """
+    names = _record_names(rows)
+    if not wanted:
+        chosen = [name for name in names if _numeric(rows, name)]
+        if not chosen:
+            raise InputError(f"{path}: no record holds numbers; its records are "
+                             f"{', '.join(names) or 'none'}")
+        return chosen
+    chosen: List[str] = []
+    for item in wanted:
+        if any(char in item for char in "*?["):
+            matched = [name for name in names if fnmatch.fnmatchcase(name, item)]
+            if not matched:
+                raise InputError(f"{path}: no record matches {item!r}; its records are "
+                                 f"{', '.join(names)}")
+        elif item in names:
+            matched = [item]
+        else:
+            raise InputError(f"{path}: unknown record {item!r}; its records are "
+                             f"{', '.join(names)}")
+        chosen += [name for name in matched if name not in chosen]
+    return chosen
+
+
+def _split_names(values: Optional[Sequence[str]]) -> Optional[List[str]]:
+    if not values:
+        return None
+    return [name for value in values for name in value.split(",") if name]
+
+
+# -------------------------------------------------------------------- show
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.6g}" if math.isfinite(value) else str(value)
+    text = str(value)
+    return text if len(text) <= _CELL_WIDTH else text[:_CELL_WIDTH - 3] + "..."
+
+
+def format_table(rows: Sequence[Dict[str, Any]], records: Sequence[str],
+                 all_runs: bool = False) -> str:
+    """The rows holding any of ``records`` as a text table, a line per row."""
+    columns = ([RUN] if all_runs else []) + [ITERATION, EPOCHS_DONE] + list(records)
+    shown = [row for row in rows if any(row.get(name) is not None for name in records)]
+    cells = [[_cell(row.get(name)) for name in columns] for row in shown]
+    widths = [max([len(name)] + [len(line[i]) for line in cells]) for i, name in enumerate(columns)]
+    lines = ["  ".join(name.rjust(width) for name, width in zip(columns, widths))]
+    lines += ["  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in cells]
+    return "\n".join(lines)
+
+
+def show(args: argparse.Namespace) -> int:
+    rows = _load(args.log, all_runs=args.all_runs)
+    records = select_records(rows, _split_names(args.records), args.log)
+    print(format_table(rows, records, all_runs=args.all_runs))
+    return 0
+
+
+# -------------------------------------------------------------------- plot
+def metric_families(records: Sequence[str]) -> Dict[str, List[Tuple[str, str]]]:
+    """Group records into panels: family -> ``[(label, record), ...]``.
+
+    ``train_accuracy``, ``valid_accuracy`` and ``test_accuracy`` form the
+    family ``accuracy`` with the lines train, valid and test: a record
+    ``<prefix>_<rest>`` joins the family ``<rest>`` when its prefix is one
+    of :data:`SPLITS` or another record shares ``<rest>``. Any other record
+    is a family of its own.
+
+    Examples
+    --------
+    >>> families = metric_families(["train_accuracy", "valid_accuracy", "learning_rate"])
+    >>> families["accuracy"]
+    [('train', 'train_accuracy'), ('valid', 'valid_accuracy')]
+    >>> families["learning_rate"]
+    [('learning_rate', 'learning_rate')]
+    """
+    split = {name: name.split("_", 1) for name in records if "_" in name}
+    rests: Dict[str, int] = {}
+    for prefix, rest in split.values():
+        rests[rest] = rests.get(rest, 0) + 1
+    families: Dict[str, List[Tuple[str, str]]] = {}
+    for name in records:
+        if name in split and (split[name][0] in SPLITS or rests[split[name][1]] > 1):
+            prefix, rest = split[name]
+            families.setdefault(rest, []).append((prefix, name))
+        else:
+            families.setdefault(name, []).append((name, name))
+    return families
+
+
+def epoch_positions(rows: Sequence[Dict[str, Any]]) -> List[float]:
+    """The epoch (fractional between epoch ends) at which each row was written.
+
+    The row that ends epoch ``e`` is the first row with ``epochs_done == e``;
+    rows between two epoch ends are placed in proportion to their iteration.
+    """
+    ends: Dict[int, int] = {}
+    for row in rows:
+        epoch, iteration = row.get(EPOCHS_DONE), row.get(ITERATION)
+        if isinstance(epoch, int) and epoch > 0 and isinstance(iteration, int):
+            ends[epoch] = min(ends.get(epoch, iteration), iteration)
+    known = sorted((iteration, epoch) for epoch, iteration in ends.items())
+    points = [(0, 0)] + [point for point in known if point[0] > 0]
+    # Keep the points increasing in both coordinates.
+    xp, fp = [points[0][0]], [points[0][1]]
+    for iteration, epoch in points[1:]:
+        if iteration > xp[-1] and epoch > fp[-1]:
+            xp.append(iteration)
+            fp.append(epoch)
+    positions = []
+    for row in rows:
+        iteration = row.get(ITERATION, 0)
+        positions.append(_interpolate(iteration, xp, fp))
+    return positions
+
+
+def _interpolate(x: float, xp: List[int], fp: List[int]) -> float:
+    if len(xp) == 1:
+        return float(x)  # no epoch ended: the iteration stands in
+    for i in range(1, len(xp)):
+        if x <= xp[i]:
+            return fp[i - 1] + (x - xp[i - 1]) * (fp[i] - fp[i - 1]) / (xp[i] - xp[i - 1])
+    return fp[-1] + (x - xp[-1]) * (fp[-1] - fp[-2]) / (xp[-1] - xp[-2])
+
+
+def plot(args: argparse.Namespace) -> int:
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise InputError(PLOT_EXTRA) from None
+    rows = _load(args.log)
+    records = select_records(rows, _split_names(args.records), args.log)
+    for name in records:
+        if not _numeric(rows, name):
+            raise InputError(f"{args.log}: record {name!r} holds no numbers; it cannot be plotted")
+    families = metric_families(records)
+    if args.x == "epoch":
+        positions, xlabel = epoch_positions(rows), "epoch"
+    else:
+        positions, xlabel = [float(row[ITERATION]) for row in rows], "iteration (batches done)"
+    columns = min(3, len(families))
+    lines = math.ceil(len(families) / columns)
+    figure = Figure(figsize=(4.8 * columns, 3.4 * lines), dpi=args.dpi, layout="constrained")
+    FigureCanvasAgg(figure)
+    for index, (family, members) in enumerate(families.items(), start=1):
+        axes = figure.add_subplot(lines, columns, index)
+        for label, name in members:
+            points = [(x, row[name]) for x, row in zip(positions, rows)
+                      if _is_number(row.get(name))]
+            xs, ys = zip(*points)
+            axes.plot(xs, ys, marker="o" if len(points) <= 50 else None, markersize=3,
+                      label=label)
+        axes.set_title(family)
+        axes.set_xlabel(xlabel)
+        axes.grid(True, alpha=0.3)
+        if len(members) > 1 or members[0][0] != family:
+            axes.legend()
+    figure.suptitle(os.path.basename(args.log))
+    try:
+        figure.savefig(args.output)
+    except (OSError, ValueError) as error:
+        raise InputError(f"cannot write {args.output}: {error}") from None
+    print(f"wrote {args.output}: {len(families)} panel(s), {len(records)} record(s)")
+    return 0
+
+
+# -------------------------------------------------------------------- main
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mxoid", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"mxoid {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    records_help = ("records to show, by name or shell pattern ('valid_*'), separated by "
+                    "spaces or commas (default: every record holding numbers)")
+    show_parser = commands.add_parser(
+        "show", help="print a log as a table, a line per row (per epoch for epoch records)",
+        description="Print the rows of a JSON-lines or CSV log that hold any of the chosen "
+                    "records, as a table: iteration, epochs_done, then a column per record "
+                    "('-' where a row lacks it). Only the last run in the file, unless "
+                    "--all-runs.")
+    show_parser.add_argument("log", metavar="LOG", help="a .jsonl or .csv log file")
+    show_parser.add_argument("--records", nargs="+", metavar="NAME", help=records_help)
+    show_parser.add_argument("--all-runs", action="store_true",
+                             help="show every run appended to the file, with a run column")
+    show_parser.set_defaults(handler=show)
+
+    plot_parser = commands.add_parser(
+        "plot", help="plot learning curves to an image (needs matplotlib: mxoid[plot])",
+        description="Plot the records of a log, one panel per metric family (train_accuracy, "
+                    "valid_accuracy and test_accuracy share the panel 'accuracy'), against "
+                    "epochs. Needs matplotlib: pip install 'mxoid[plot]'.")
+    plot_parser.add_argument("log", metavar="LOG", help="a .jsonl or .csv log file")
+    plot_parser.add_argument("-o", "--output", default="curves.png", metavar="FILE",
+                             help="the image to write; its suffix picks the format "
+                                  "(.png, .svg, .pdf) (default: %(default)s)")
+    plot_parser.add_argument("--records", nargs="+", metavar="NAME", help=records_help)
+    plot_parser.add_argument("--x", choices=("epoch", "iteration"), default="epoch",
+                             help="the horizontal axis (default: %(default)s)")
+    plot_parser.add_argument("--dpi", type=int, default=100, help="resolution (default: 100)")
+    plot_parser.set_defaults(handler=plot)
+
+    commands.add_parser("launch", add_help=False,
+                        help="run a distributed job on this machine (see: mxoid launch --help)")
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the ``mxoid`` command with ``argv`` (``sys.argv[1:]`` by default); return its status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "launch":
+        from .launch import main as launch_main
+        return launch_main(argv[1:])
+    args = _parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except InputError as error:
+        message = " ".join(str(error).split())
+        print(f"mxoid {args.command}: error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:  # mxoid show LOG | head
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

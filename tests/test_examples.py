@@ -1,0 +1,239 @@
+"""The example scripts run to completion, and the real-data ones learn.
+
+Each example runs as a user runs it (a subprocess, from another folder),
+with one OpenMP thread and a time limit. MNIST is read from
+``../shared/data/mnist`` relative to the repository root; the MNIST tests
+fail, with a message saying where the data should be, when it is missing.
+"""
+import csv
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mxoid.log_files import read_log
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+MNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+SCRIPTS = ("train_digits.py", "train_mnist.py", "multi_output.py", "custom_extension.py",
+           "distributed.py")
+
+
+def example_env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", MXNET_SUBGRAPH_VERBOSE="0",
+               PYTHONUNBUFFERED="1")
+    env.pop("DMLC_ROLE", None)
+    return env
+
+
+def start(script, *args, cwd):
+    return subprocess.Popen([sys.executable, str(EXAMPLES / script), *map(str, args)], cwd=cwd,
+                            env=example_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def finish(process, timeout, expect=0):
+    try:
+        out, err = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        pytest.fail(f"{process.args} ran past {timeout} s\n{out[-3000:]}\n{err[-3000:]}")
+    assert process.returncode == expect, (
+        f"{process.args} exited with {process.returncode}\n{out[-3000:]}\n{err[-3000:]}")
+    return out, err
+
+
+def run(script, *args, cwd, timeout=120, expect=0):
+    return finish(start(script, *args, cwd=cwd), timeout, expect)
+
+
+def run_in_process(script, *args, monkeypatch):
+    """Run an example in this process (MXNet is imported already), as ``python SCRIPT ARGS``
+    would; return the SystemExit it ends with (its code is what Python prints and exits with)."""
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    monkeypatch.setattr(sys, "argv", [script, *map(str, args)])
+    with pytest.raises(SystemExit) as exit:
+        runpy.run_path(str(EXAMPLES / script), run_name="__main__")
+    return exit.value
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_every_example_has_help(script, monkeypatch, capsys):
+    assert run_in_process(script, "--help", monkeypatch=monkeypatch).code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage:") and "--contexts" in out and "--epochs" in out
+
+
+# ------------------------------------------------------------------ digits
+def test_digits_defaults_reach_95_percent(tmp_path):
+    out, err = run("train_digits.py", "--output-dir", tmp_path / "run", cwd=tmp_path)
+    rows = read_log(tmp_path / "run" / "log.jsonl")
+    test_accuracy = [row["test_accuracy"] for row in rows if "test_accuracy" in row]
+    print(f"digits defaults: test accuracy {test_accuracy[-1]:.4f} after "
+          f"{len(test_accuracy)} epochs")
+    assert test_accuracy[-1] >= 0.95
+    assert f"test accuracy {test_accuracy[-1]:.4f}" in out
+    # Printing reported every epoch; the run stopped early or at the limit.
+    assert out.count("AFTER ANOTHER EPOCH") == len(test_accuracy)
+    assert "Traceback" not in err
+    stop = [row["training_finish_requested"] for row in rows if "training_finish_requested" in row]
+    assert stop and ("EarlyStopping" in stop[0] or "FinishAfter" in stop[0])
+    folders = sorted(path.name for path in (tmp_path / "run" / "checkpoints").iterdir())
+    assert folders[0] == "best" and len(folders) == 3  # keep_last=2, and the best
+    epochs = len(test_accuracy)
+    assert folders[-1].startswith(f"checkpoint-{epochs:06d}-epoch{epochs:04d}")
+    assert (tmp_path / "run" / "checkpoints" / "best" / "MANIFEST.json").is_file()
+
+
+def test_digits_two_contexts_mlp_and_resume(tmp_path):
+    output = tmp_path / "run"
+    common = ("--contexts", "cpu:0,cpu:1", "--network", "mlp", "--output-dir", output)
+    run("train_digits.py", "--epochs", 2, *common, cwd=tmp_path)
+    run("train_digits.py", "--epochs", 3, "--resume", *common, cwd=tmp_path)
+    rows = read_log(output / "log.jsonl", all_runs=True)
+    evaluated = [(row["run"], row["epochs_done"]) for row in rows if "valid_accuracy" in row]
+    # The second run went on from epoch 2 (and may repeat the row it resumed at).
+    assert [epoch for run, epoch in evaluated if run == 1] == [1, 2]
+    assert [epoch for run, epoch in evaluated if run == 2 and epoch != 2] == [3]
+    assert rows[-1]["test_accuracy"] > 0.5
+
+
+def test_digits_needs_the_examples_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # as on a machine without the extra
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    exit = run_in_process("train_digits.py", "--output-dir", tmp_path, monkeypatch=monkeypatch)
+    # A string code: Python prints it to standard error and exits with status 1.
+    assert isinstance(exit.code, str) and exit.code.startswith("error: ")
+    assert "pip install 'mxoid[examples]'" in exit.code
+
+
+# ------------------------------------------------------------------- MNIST
+def mnist_dir():
+    missing = [name for name in MNIST_FILES if not (MNIST_DIR / name).is_file()]
+    if missing:
+        pytest.fail(f"the MNIST tests read the four MNIST files from {MNIST_DIR} "
+                    f"(../shared/data/mnist from the repository root); missing: {missing}")
+    return MNIST_DIR
+
+
+@pytest.fixture(scope="module")
+def mnist_runs(tmp_path_factory):
+    """Both one-epoch MNIST runs, started together: each uses about one core."""
+    data = mnist_dir()
+    folder = tmp_path_factory.mktemp("mnist")
+    runs = {}
+    for name, contexts in (("one", "cpu:0"), ("two", "cpu:0,cpu:1")):
+        output = folder / name
+        runs[name] = (start("train_mnist.py", "--data-dir", data, "--contexts", contexts,
+                            "--output-dir", output, cwd=folder), output)
+    yield runs
+    for process, _ in runs.values():
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
+
+
+@pytest.mark.parametrize("contexts", ["one", "two"])
+def test_mnist_one_epoch_reaches_97_percent(mnist_runs, contexts):
+    process, output = mnist_runs[contexts]
+    out, _ = finish(process, timeout=400)
+    rows = read_log(output / "log.jsonl")
+    accuracy = rows[-1]["test_accuracy"]
+    print(f"MNIST LeNet, 1 epoch, {contexts} context(s): test accuracy {accuracy:.4f}, "
+          f"{rows[-1]['time_epoch']:.1f} s")
+    assert rows[-1]["epochs_done"] == 1
+    assert accuracy >= 0.97
+    assert f"on {1 if contexts == 'one' else 2} context(s)" in out
+
+
+def test_mnist_mlp(tmp_path):
+    # --network mlp, with large batches to keep it short.
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in MNIST_FILES:
+        os.symlink(mnist_dir() / name, data / name)
+    run("train_mnist.py", "--data-dir", data, "--network", "mlp", "--epochs", 1,
+        "--batch-size", 1024, "--output-dir", tmp_path / "run", cwd=tmp_path)
+    rows = read_log(tmp_path / "run" / "log.jsonl")
+    assert rows[-1]["test_accuracy"] > 0.85
+
+
+def test_mnist_says_which_files_are_missing(tmp_path, monkeypatch, capsys):
+    exit = run_in_process("train_mnist.py", "--data-dir", tmp_path / "nowhere",
+                          monkeypatch=monkeypatch)
+    assert isinstance(exit.code, str) and exit.code.startswith("error: --data-dir must be")
+    assert "nowhere does not exist" in exit.code and "train-images-idx3-ubyte.gz" in exit.code
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for name in MNIST_FILES[:3]:
+        os.symlink(mnist_dir() / name, partial / name)
+    exit = run_in_process("train_mnist.py", "--data-dir", partial, monkeypatch=monkeypatch)
+    assert f"{partial} lacks t10k-labels-idx1-ubyte.gz" in exit.code
+    exit = run_in_process("train_mnist.py", monkeypatch=monkeypatch)
+    assert exit.code == 2 and "--data-dir" in capsys.readouterr().err
+
+
+# ------------------------------------------------------ the other examples
+def test_multi_output(tmp_path):
+    out, _ = run("multi_output.py", "--epochs", 3, "--contexts", "cpu:0,cpu:1",
+                 "--output-dir", tmp_path / "run", cwd=tmp_path)
+    rows = read_log(tmp_path / "run" / "log.jsonl")
+    last = rows[-1]
+    for prefix in ("train", "valid", "test"):
+        assert last[f"{prefix}_softmax_accuracy"] > 0.5
+        assert 0 <= last[f"{prefix}_intensity_mae"] < 0.1
+        assert last[f"{prefix}_intensity_mse"] <= last[f"{prefix}_intensity_mae"]
+        assert f"{prefix}_softmax_cross_entropy" in last
+    assert [row["epochs_done"] for row in rows if "valid_softmax_accuracy" in row] == [1, 2, 3]
+    assert "intensity_mae" in out
+
+
+def test_custom_extension(tmp_path):
+    out, _ = run("custom_extension.py", "--epochs", 2, "--every", 8, "--contexts", "cpu:0,cpu:1",
+                 "--output-dir", tmp_path / "run", cwd=tmp_path)
+    with open(tmp_path / "run" / "grad_norms.csv", newline="") as f:
+        lines = list(csv.reader(f))
+    assert lines[0] == ["iteration", "epoch", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"]
+    iterations = [int(line[0]) for line in lines[1:]]
+    assert iterations == list(range(8, 80 + 1, 8))  # 40 batches per epoch, 2 epochs
+    rows = {row["iteration"]: row for row in read_log(tmp_path / "run" / "log.jsonl")}
+    for line in lines[1:]:
+        row = rows[int(line[0])]
+        assert float(line[2]) == pytest.approx(row["grad_norm_fc1_weight"], rel=1e-5)
+        assert all(float(value) > 0 for value in line[2:])
+    assert "newest gradient norms: fc1_weight" in out
+
+
+def test_distributed_digits_under_the_launcher(tmp_path):
+    env = dict(example_env(), MXNET_CPU_WORKER_NTHREADS="1")
+    launcher = [sys.executable, "-m", "mxoid", "launch", "-n", "2", "--timeout", "150", "--"]
+    process = subprocess.run(
+        launcher + [sys.executable, str(EXAMPLES / "distributed.py"), "--network", "mlp",
+                    "--epochs", "2", "--output-dir", str(tmp_path / "run")],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
+    assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
+    finals = sorted(line.split("] ", 1)[1] for line in process.stdout.splitlines()
+                    if "test accuracy" in line)
+    # Both workers record the same accuracy: evaluation sums over the workers.
+    assert len(finals) == 2 and finals[0].split(":")[1] == finals[1].split(":")[1], finals
+    rows = read_log(tmp_path / "run" / "log.jsonl")  # written by rank 0 alone
+    assert [row["epochs_done"] for row in rows if "test_accuracy" in row] == [1, 2]
+    assert f"{rows[-1]['test_accuracy']:.4f}" in finals[0]
+    # Printing ran on rank 0 only (the scheduler gives ranks: not the launch order).
+    lines = process.stdout.splitlines()
+    rank_zero = next(line.split("] ")[0] for line in lines if "worker 0 of 2" in line)
+    printed = {line.split("] ")[0] for line in lines if "AFTER ANOTHER EPOCH" in line}
+    assert printed == {rank_zero}
+
+
+def test_distributed_example_refuses_to_run_alone(monkeypatch, capsys):
+    monkeypatch.delenv("DMLC_ROLE", raising=False)
+    assert run_in_process("distributed.py", monkeypatch=monkeypatch).code == 2
+    err = capsys.readouterr().err
+    assert "mxoid launch -n 2 -- python" in err and "distributed.py" in err
