@@ -7,6 +7,7 @@ fail, with a message saying where the data should be, when it is missing.
 """
 import csv
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import pytest
 from mxoid.log_files import read_log
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+README = Path(__file__).resolve().parents[1] / "README.md"
 MNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
 MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
                "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
@@ -237,3 +239,37 @@ def test_distributed_example_refuses_to_run_alone(monkeypatch, capsys):
     assert run_in_process("distributed.py", monkeypatch=monkeypatch).code == 2
     err = capsys.readouterr().err
     assert "mxoid launch -n 2 -- python" in err and "distributed.py" in err
+
+
+# ------------------------------------------------------------------ README
+def readme_python(section):
+    """The Python code blocks of a section of the README."""
+    text = README.read_text()
+    start = text.index(f"\n## {section}")
+    end = text.find("\n## ", start + 1)
+    return re.findall(r"```python\n(.*?)```", text[start:end if end > 0 else None], re.S)
+
+
+def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
+    from mxoid import Evaluate, FinishAfter, MainLoop
+
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    blocks = readme_python("Quick start") + readme_python("Writing an extension")
+    assert len(blocks) == 3
+    for block in blocks:
+        exec(compile(block, str(README), "exec"), namespace)
+    assert namespace["loop"].log.last("valid_accuracy") > 0.8
+    assert (tmp_path / "log.jsonl").is_file() and any((tmp_path / "checkpoints").iterdir())
+    # The two extensions of "Writing an extension" in a loop.
+    valid, train = namespace["valid"], namespace["train"]
+    train.reset()
+    loop = MainLoop(namespace["net"], train,
+                    extensions=[FinishAfter(after_n_epochs=5), Evaluate({"valid": valid}, "ce"),
+                                namespace["LearningRateRecord"](),
+                                namespace["StopBelow"]("valid_cross_entropy", 10.0)])
+    loop.run()
+    assert loop.status.epochs_done == 1
+    assert loop.log.last("training_finish_requested") == "valid_cross_entropy fell below 10.0"
+    assert loop.log.last("lr") == pytest.approx(0.01)
+    assert namespace["stopper"].conditions.keys() == {"after_epoch", "after_batch"}
