@@ -10,7 +10,6 @@ import gzip
 import os
 import random
 import shutil
-import sys
 from typing import Dict, List, Sequence, Tuple
 
 # Quiet MXNet's "Subgraph backend MKLDNN is activated" line, printed at every bind.
@@ -20,7 +19,8 @@ import mxnet as mx
 import numpy as np
 
 __all__ = ["EXAMPLES_EXTRA", "MNIST_FILES", "add_common_arguments", "digits_splits", "fresh_output",
-           "lenet", "mlp", "network", "parse_contexts", "read_idx", "read_mnist", "seed_everything"]
+           "iterator", "lenet", "mlp", "network", "parse_contexts", "read_idx", "read_mnist",
+           "seed_everything"]
 
 EXAMPLES_EXTRA = ("this example needs scikit-learn (for its bundled digits data set); "
                   "install it with: pip install 'mxoid[examples]' (or: pip install scikit-learn)")
@@ -211,9 +211,3 @@ def iterator(arrays: Arrays, batch_size: int, shuffle: bool = False) -> mx.io.ND
     images, labels = arrays
     return mx.io.NDArrayIter(images, labels, batch_size=batch_size, shuffle=shuffle,
                              label_name="softmax_label")
-
-
-def die(message: str) -> None:
-    """Print ``error: message`` to standard error and exit with status 2."""
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)

@@ -25,7 +25,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import __version__
 from .log_files import EPOCHS_DONE, ITERATION, RUN, read_log
 
-__all__ = ["PLOT_EXTRA", "main", "metric_families", "select_records"]
+__all__ = ["PLOT_EXTRA", "InputError", "epoch_positions", "format_table", "main",
+           "metric_families", "plot", "select_records", "show"]
 
 EXIT_BAD_INPUT = 1
 PLOT_EXTRA = ("mxoid plot needs matplotlib, which is not installed: "
@@ -139,6 +140,13 @@ def format_table(rows: Sequence[Dict[str, Any]], records: Sequence[str],
 
 
 def show(args: argparse.Namespace) -> int:
+    """``mxoid show``: print the table of ``args.log``; return the exit status.
+
+    Raises
+    ------
+    InputError
+        For a missing, empty or unreadable log, or an unknown record.
+    """
     rows = _load(args.log, all_runs=args.all_runs)
     records = select_records(rows, _split_names(args.records), args.log)
     print(format_table(rows, records, all_runs=args.all_runs))
@@ -213,6 +221,18 @@ def _interpolate(x: float, xp: List[int], fp: List[int]) -> float:
 
 
 def plot(args: argparse.Namespace) -> int:
+    """``mxoid plot``: draw the learning curves of ``args.log`` into ``args.output``.
+
+    One panel per family of :func:`metric_families`, a line per record,
+    against epochs (:func:`epoch_positions`) or iterations.
+
+    Raises
+    ------
+    InputError
+        Without matplotlib (naming the ``plot`` extra), for bad input as
+        :func:`show`, for a record that holds no numbers, or when the image
+        cannot be written.
+    """
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure

@@ -218,6 +218,16 @@ def test_bad_usage_gives_status_2(capsys):
         assert "usage: mxoid" in capsys.readouterr().err
 
 
+def test_launch_is_delegated_to_mxoid_launch(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["launch", "--help"])
+    assert exit.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: mxoid launch -n WORKERS")
+    with pytest.raises(SystemExit) as exit:
+        main(["launch", "-n", "2"])  # no command after '--'
+    assert exit.value.code == 2 and "give the worker command" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------ entry points
 def test_console_script_and_python_m(digits_log, tmp_path):
     script = Path(sys.executable).parent / "mxoid"
