@@ -359,3 +359,24 @@ def test_signal_handlers_are_restored_after_training(tmp_path):
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     make_loop(tmp_path, FinishAfter(after_n_batches=2)).run()
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+
+
+def test_save_best_of_keeps_the_best_state_and_adds_no_empty_rows(tmp_path):
+    X, y = classification_data(n=60, seed=7)
+    valid = mx.io.NDArrayIter(X, y, batch_size=20, label_name="softmax_label")
+    np.random.seed(5)
+    X, y = classification_data(n=200)
+    net = mlp()
+    loop = MainLoop(net, mx.io.NDArrayIter(X, y, batch_size=20, shuffle=True,
+                                           label_name="softmax_label"),
+                    optimizer_params={"learning_rate": 0.05},
+                    arg_params=initial_params(net, (20, 10)),
+                    extensions=[FinishAfter(after_n_epochs=5), Evaluate({"valid": valid}, "ce"),
+                                Checkpoint(str(tmp_path), every_n_batches=7,
+                                           save_best_of="valid_cross_entropy")]).run()
+    assert all(row for _, row in loop.log.items())  # no row was created empty
+    values = [row["valid_cross_entropy"] for _, row in loop.log.items() if "valid_cross_entropy" in row]
+    best = read_checkpoint(str(tmp_path / "best"))
+    saved_rows = dict(best.loop_state["log"]["rows"])
+    assert saved_rows[best.loop_state["status"]["iterations_done"]]["valid_cross_entropy"] == min(values)
+    assert best.loop_state["status"]["epochs_done"] == 1 + values.index(min(values))

@@ -67,6 +67,7 @@ class _LogFileWriter(Extension):
 
     def _start(self) -> None:
         self._close()
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         contents = None
         if os.path.exists(self.path):
             log_files.cut_torn_line(self.path)

@@ -163,16 +163,17 @@ class Checkpoint(Extension):
         if not self.save_best_of:
             return
         log = self.main_loop.log
-        if self.save_best_of not in log.current_row:
+        row = log.get(self.main_loop.status.iterations_done)  # never create an empty row
+        if not row or self.save_best_of not in row:
             return
-        value = float(log.current_row[self.save_best_of])
+        value = float(row[self.save_best_of])
         if value != value:  # NaN never improves
             return
         better = (self.best_value is None or
                   (value > self.best_value if self.best_mode == "max" else value < self.best_value))
         if better:
             self.best_value = value
-            log.current_row[f"{self.save_best_of}_best_checkpoint"] = value
+            row[f"{self.save_best_of}_best_checkpoint"] = value
             loop = self.main_loop
             state = loop.state_dict()
             arg_params, aux_params = loop.get_params()

@@ -72,6 +72,13 @@ def test_the_file_reads_back_as_the_log(tmp_path, writer, filename):
     assert math.isnan(rows[4]["diverged"]) and rows[4]["overflow"] == [1.5, -math.inf]
 
 
+@pytest.mark.parametrize("writer, filename", WRITERS)
+def test_a_writer_creates_the_folder_of_its_file(tmp_path, writer, filename):
+    path = tmp_path / "runs" / "first" / filename
+    small_loop([Records(), writer(path), FinishAfter(after_n_epochs=1)]).run()
+    assert [row["iteration"] for row in read_log(path)] == [1, 2, 3, 4]
+
+
 def test_a_csv_whose_columns_appear_over_time_keeps_one_header(tmp_path):
     path = tmp_path / "log.csv"
     small_loop([Records(), CSVLog(path), FinishAfter(after_n_epochs=2)]).run()
