@@ -165,14 +165,20 @@ class EpochClock:
 def hand_loop(spec, train_iter, init, clock, stock_updater: bool = False):
     """The floor: ``simple_bind`` executors and a fused update per parameter.
 
-    One executor per context, each bound on its slice of the batch. On two
-    contexts the gradients are summed through a ``'local'`` kvstore
-    (``pushpull`` per parameter, as ``Module`` does with
-    ``update_on_kvstore=False``) and each device then applies the same step.
-    The update is one ``mx.nd.sgd_mom_update`` per parameter and device
-    (momentum state kept by hand), or, with ``stock_updater``, MXNet's stock
-    updater (``mx.optimizer.get_updater``) called with the lists of
-    parameters, as ``Module``, ``FeedForward`` and mxoid call it.
+    One executor per context, each bound on its slice of the batch.
+
+    On one context the update is one ``mx.nd.sgd_mom_update`` per parameter,
+    momentum kept by hand. On two, the gradients are summed through a
+    ``'local'`` kvstore that also runs the update, once, on the summed
+    gradient, with an updater that calls ``sgd_mom_update`` (set with
+    ``kvstore._set_updater``, as MXNet's kvstore tutorial does); one
+    ``pushpull`` per parameter pushes both gradients and pulls the new weights
+    into both executors.
+
+    With ``stock_updater``, MXNet's stock updater runs the same math instead:
+    ``mx.optimizer.get_updater`` called with the lists of parameters on one
+    context, ``kvstore.set_optimizer`` on two, as ``Module``, ``FeedForward``
+    and mxoid use it.
     """
     symbol = build_symbol(spec["model"])
     ctxs = contexts(spec["contexts"])
@@ -193,27 +199,42 @@ def hand_loop(spec, train_iter, init, clock, stock_updater: bool = False):
     grads = [[e.grad_dict[n] for n in names] for e in executors]
     data_targets = [e.arg_dict["data"] for e in executors]
     label_targets = [e.arg_dict["softmax_label"] for e in executors]
-    kvstore = None
-    if len(ctxs) > 1:
-        kvstore = mx.kv.create("local")
-        for i, name in enumerate(names):
-            kvstore.init(i, mx.nd.zeros(grads[0][i].shape))
     params = OPTIMIZER_PARAMS
     rescale = 1.0 / batch_size
-    if stock_updater:
-        idx2name = {i * len(ctxs) + k: n for i, n in enumerate(names) for k in range(len(ctxs))}
-        optimizer = mx.optimizer.create("sgd", sym=symbol, param_idx2name=idx2name,
-                                        rescale_grad=rescale, **params)
-        updater = mx.optimizer.get_updater(optimizer)
-        indices = [[i * len(ctxs) + k for i in range(len(names))] for k in range(len(ctxs))]
+    lr, momentum = params["learning_rate"], params["momentum"]
+    wds = [params["wd"] if n.endswith("_weight") else 0.0 for n in names]
+    sgd_mom_update = mx.nd.sgd_mom_update
+    kvstore = None
+    if len(ctxs) == 1:
+        if stock_updater:
+            optimizer = mx.optimizer.create("sgd", sym=symbol, param_idx2name=dict(enumerate(names)),
+                                            rescale_grad=rescale, **params)
+            updater = mx.optimizer.get_updater(optimizer)
+            indices = list(range(len(names)))
+            device_weights, device_grads = weights[0], grads[0]
+        else:
+            moms = [mx.nd.zeros(w.shape, ctx=w.context) for w in weights[0]]
+            steps = list(zip(weights[0], grads[0], moms, wds))
     else:
-        wds = [params["wd"] if n.endswith("_weight") else 0.0 for n in names]
-        moms = [[mx.nd.zeros(w.shape, ctx=w.context) for w in device_weights]
-                for device_weights in weights]
-        steps = [list(zip(weights[k], grads[k], moms[k], wds)) for k in range(len(ctxs))]
-        lr, momentum = params["learning_rate"], params["momentum"]
-        sgd_mom_update = mx.nd.sgd_mom_update
-    num_params = len(names)
+        kvstore = mx.kv.create("local")
+        for i in range(len(names)):
+            kvstore.init(i, weights[0][i])
+        if stock_updater:
+            kvstore.set_optimizer(mx.optimizer.create(
+                "sgd", sym=symbol, param_idx2name=dict(enumerate(names)), rescale_grad=rescale,
+                **params))
+        else:
+            moms = {}
+
+            def kvstore_updater(key, grad, weight):
+                if key not in moms:
+                    moms[key] = mx.nd.zeros(weight.shape, ctx=weight.context)
+                sgd_mom_update(weight, grad, moms[key], out=weight, lr=lr, momentum=momentum,
+                               wd=wds[key], rescale_grad=rescale)
+
+            kvstore._set_updater(kvstore_updater)
+        pushpulls = [(i, [g[i] for g in grads], [w[i] for w in weights], -i)
+                     for i in range(len(names))]
     for _ in range(spec["epochs"]):
         train_iter.reset()
         for batch in train_iter:
@@ -230,17 +251,14 @@ def hand_loop(spec, train_iter, init, clock, stock_updater: bool = False):
             for executor in executors:
                 executor.backward()
             if kvstore is not None:
-                for i in range(num_params):
-                    device_grads = [g[i] for g in grads]
-                    kvstore.pushpull(i, device_grads, out=device_grads, priority=-i)
-            if stock_updater:
-                for k in range(len(ctxs)):
-                    updater(indices[k], grads[k], weights[k])
+                for key, device_grads, device_weights, priority in pushpulls:
+                    kvstore.pushpull(key, device_grads, out=device_weights, priority=priority)
+            elif stock_updater:
+                updater(indices, device_grads, device_weights)
             else:
-                for device_steps in steps:
-                    for weight, grad, mom, wd in device_steps:
-                        sgd_mom_update(weight, grad, mom, out=weight, lr=lr, momentum=momentum,
-                                       wd=wd, rescale_grad=rescale)
+                for weight, grad, mom, wd in steps:
+                    sgd_mom_update(weight, grad, mom, out=weight, lr=lr, momentum=momentum, wd=wd,
+                                   rescale_grad=rescale)
         clock.tick()
     return {n: w.asnumpy() for n, w in zip(names, weights[0])}
 
@@ -411,7 +429,8 @@ def mxoid_everyday(spec, train_iter, init, clock):
 
 
 CONTENDERS = {
-    "hand": (hand_loop, "hand-written simple_bind loop, sgd_mom_update per parameter"),
+    "hand": (hand_loop, "hand-written simple_bind loop, sgd_mom_update per parameter (on the "
+                        "kvstore with two contexts)"),
     "hand_stock_updater": (hand_stock_updater, "hand-written loop, MXNet's stock updater"),
     "module_fit_acc": (module_fit_accuracy, "Module.fit, accuracy metric"),
     "module_fit_nometric": (module_fit_no_metric, "Module.fit, empty CompositeEvalMetric"),
