@@ -11,7 +11,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxoid import Checkpoint, CheckpointError, Extension, FinishAfter, MainLoop
+from mxoid import Checkpoint, CheckpointError, Extension, FinishAfter, MainLoop, read_log
 from mxoid.extensions import EarlyStopping, Evaluate, TrackBest, TrainingMonitoring
 from mxoid.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
 
@@ -331,7 +331,8 @@ def test_sigkill_always_leaves_a_checkpoint_to_resume_from(tmp_path, reference_p
     ([signal.SIGINT, signal.SIGINT], 128 + signal.SIGINT, "batch"),
 ])
 def test_signals_stop_cleanly_with_a_checkpoint(tmp_path, signals, code, stops_at):
-    run = Trainer(tmp_path, "--epochs", "50", "--delay", "0.02")
+    log = tmp_path / "log.jsonl"
+    run = Trainer(tmp_path / "checkpoints", "--epochs", "50", "--delay", "0.02", "--log", str(log))
     line = run.wait_for("BATCH 13")
     for signum in signals:
         run.process.send_signal(signum)
@@ -340,8 +341,8 @@ def test_signals_stop_cleanly_with_a_checkpoint(tmp_path, signals, code, stops_a
     returncode, err = run.finish(30)
     assert time.monotonic() - started < 30
     assert returncode == code, err
-    assert "resume_from=" in err and str(tmp_path) in err
-    checkpoint = latest_checkpoint(str(tmp_path))
+    assert "resume_from=" in err and str(tmp_path / "checkpoints") in err
+    checkpoint = latest_checkpoint(str(tmp_path / "checkpoints"))
     status = checkpoint.loop_state["status"]
     assert status["interrupted"] in ("SIGINT", "SIGTERM")
     batches = [int(l.split()[1]) for l in run.lines if l.startswith("BATCH")]
@@ -353,6 +354,10 @@ def test_signals_stop_cleanly_with_a_checkpoint(tmp_path, signals, code, stops_a
     # The log inside the checkpoint holds the interruption.
     rows = dict((i, r) for i, r in checkpoint.loop_state["log"]["rows"])
     assert "interrupted by" in json.dumps(rows)
+    # The log file was flushed up to the last batch, the interruption included.
+    written = read_log(str(log))
+    assert written[-1]["iteration"] == status["iterations_done"]
+    assert written[-1]["training_finish_requested"].startswith("interrupted by")
 
 
 def test_signal_handlers_are_restored_after_training(tmp_path):

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from conftest import classification_data, initial_params, mlp  # noqa: E402
 
 import mxoid.checkpoint  # noqa: E402
-from mxoid import Checkpoint, Extension, FinishAfter, MainLoop  # noqa: E402
+from mxoid import Checkpoint, Extension, FinishAfter, JSONLinesLog, MainLoop  # noqa: E402
 
 
 class Announce(Extension):
@@ -54,6 +54,7 @@ def main():
     parser.add_argument("--delay", type=float, default=0.0, help="seconds to sleep per batch")
     parser.add_argument("--slow-write", type=float, default=0.0)
     parser.add_argument("--output", help="save the final parameters here (.npz)")
+    parser.add_argument("--log", help="also write the log here (JSON lines)")
     args = parser.parse_args()
     if args.slow_write:
         slow_down_writes(args.slow_write)
@@ -66,7 +67,8 @@ def main():
                     arg_params=initial_params(net, (20, 10)),
                     extensions=[FinishAfter(after_n_epochs=args.epochs), Announce(args.delay),
                                 Checkpoint(args.directory, every_n_batches=args.every_n_batches,
-                                           keep_last=2)],
+                                           keep_last=2),
+                                *([JSONLinesLog(args.log)] if args.log else [])],
                     resume_from=args.directory if args.resume else None)
     loop.run()
     if args.output:
