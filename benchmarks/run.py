@@ -533,6 +533,51 @@ def format_micro(micro: dict) -> str:
     return "\n".join(lines)
 
 
+def format_markdown(report: dict) -> str:
+    """The report as Markdown: machine, command, one table of every cell, targets."""
+    machine = report["machine"]
+    lines = [f"Run of {report['date']}: `python {report['command']}` ({report['seconds'] / 60:.0f} min), "
+             f"{machine['nproc']} CPUs ({machine['cpu']}), Python {machine['python']}, MXNet "
+             f"{report['mxnet']}, mxoid {machine['mxoid_commit']}"
+             f"{' with uncommitted changes' if machine['mxoid_uncommitted_changes'] else ''}.",
+             "",
+             "| cell | contender | samples/s | min-max | x hand | x Module | us/batch | CPU us/b "
+             "| peak MiB | +MiB | params | load |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for row in report["results"]:
+        cell = describe_cell((row["model"], row["batch_size"], row["contexts"]))
+        if row["errors"]:
+            lines.append(f"| {cell} | {row['label']} | failed | | | | | | | | | |")
+            continue
+        sps = row["samples_per_second"]
+
+        def number(value, fmt):
+            return "-" if value is None else format(value, fmt)
+
+        params = ("ref" if row["contender"] == "hand" else "equal" if row.get("equal_to_hand")
+                  else f"{row.get('max_abs_diff_to_hand', float('nan')):.0e}")
+        lines.append(f"| {cell} | {row['label']} | {sps['median']:,.0f} | {sps['min']:,.0f}-{sps['max']:,.0f} "
+                     f"| {number(row['ratio_to_hand'], '.2f')} | {number(row['ratio_to_module_fit'], '.2f')} "
+                     f"| {number(row['overhead_us_per_batch'], '+.0f')} | {row['cpu_us_per_batch']:,.0f} "
+                     f"| {row['peak_rss_mib']:.0f} | {row['peak_over_start_mib']:.0f} | {params} "
+                     f"| {number(row['other_load_cores'], '.2f')} |")
+    micro = report.get("micro") or {}
+    if micro.get("per_batch"):
+        lines += ["", "| micro: per-batch cost | wall us/batch | CPU us/batch | host us in its per-batch hooks |",
+                  "|---|---:|---:|---:|"]
+        for entry in micro["per_batch"]:
+            lines.append(f"| {entry['cell']} {entry['name']} | {entry['us_per_batch']:+.0f} "
+                         f"| {entry['cpu_us_per_batch']:+.0f} | {entry['hook_us_per_batch']:.0f} |")
+    if report["targets"]:
+        lines += ["", "| target | measured | met |", "|---|---:|---|"]
+        for entry in report["targets"]:
+            measured = entry["measured"]
+            text = (f"{measured:.0f} MiB" if "MiB" in entry["target"] else
+                    f"{measured:.2f} us" if "us per" in entry["target"] else f"{measured:.1%}")
+            lines.append(f"| {entry['target']} | {text} | {'yes' if entry['met'] else '**no**'} |")
+    return "\n".join(lines) + "\n"
+
+
 def format_targets(found: List[dict]) -> str:
     lines = ["", f"Targets ({TARGETS_TEXT})"]
     for entry in found:
@@ -580,6 +625,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                        help="correctness only: tiny epochs, every contender, two workers at once")
     parser.add_argument("--json", default=None,
                         help=f"where to write the results (default {os.path.relpath(DEFAULT_JSON)})")
+    parser.add_argument("--markdown", metavar="PATH",
+                        help="also write the table and targets as Markdown (for the README)")
+    parser.add_argument("--report", metavar="JSON",
+                        help="run nothing: print the Markdown of a results file (to --markdown or stdout)")
     parser.add_argument("--contenders", help="comma-separated subset, e.g. hand,mxoid_bare")
     parser.add_argument("--cells", help="comma-separated model-batch-contexts, e.g. mlp-32-1,lenet-128-2")
     parser.add_argument("--repeat", type=int, default=1,
@@ -608,6 +657,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     args = parser.parse_args(argv)
 
+    if args.report:
+        with open(args.report) as f:
+            report = json.load(f)
+        report.setdefault("mxnet", "1.9.1")
+        text = format_markdown(report)
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(text)
+        else:
+            print(text, end="")
+        return 0
     mode = "quick" if args.quick else "check" if args.check else "full"
     config = dict(MODES[mode])
     contenders = list(config["contenders"])
@@ -667,6 +727,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "parallel_workers": config["parallel"], "wait_quiet": args.wait_quiet, "nice": args.nice,
                          "max_load": args.max_load, "retries": args.retries,
                          "workers": "fresh interpreters" if args.spawn else "forked from a fork server"},
+            "mxnet": next((j.result["mxnet"] for j in jobs if j.result), None),
             "results": rows, "correctness": check, "targets": found if mode != "check" else [],
             "micro": micro,
         }
@@ -675,6 +736,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         with open(path, "w") as f:
             json.dump(report, f, indent=1)
         print(f"results written to {path}")
+        if args.markdown:
+            with open(args.markdown, "w") as f:
+                f.write(format_markdown(report))
+            print(f"Markdown table written to {args.markdown}")
         return 0 if check["ok"] else 1
     finally:
         if args.keep:
