@@ -1,7 +1,9 @@
 """The contenders of the benchmark: one training loop each, run in a fresh process.
 
-``run.py`` starts ``python contenders.py SPEC.json`` once per contender and
-cell, with the thread settings already in the environment. The worker builds
+``run.py`` runs :func:`run_worker` once per contender and cell, each time in
+a new process (forked from a fork server that has imported this module, or,
+with ``--spawn``, ``python contenders.py SPEC.json``), with the thread settings
+already in the environment. The worker builds
 the same synthetic data and the same initial parameters as every other
 contender, trains a warm-up epoch and the timed epochs, and writes the epoch
 times, its peak memory and its final parameters next to the spec.

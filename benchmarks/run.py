@@ -1,6 +1,7 @@
 """Benchmark mxoid against a hand-written loop, Module.fit, FeedForward and Gluon.
 
-Each contender trains in a fresh process (``contenders.py``) with the same
+Each contender trains in a fresh process (forked from a fork server that has
+only imported MXNet, or a new interpreter with ``--spawn``) with the same
 thread settings, the same synthetic data and the same initial parameters: a
 warm-up epoch, then timed epochs. This script runs them one after another,
 prints a table per cell (model, batch size, contexts), checks that the
@@ -10,8 +11,8 @@ everything as JSON.
 
 Usage::
 
-    python benchmarks/run.py             # full run: every cell (about 12 minutes)
-    python benchmarks/run.py --quick     # the three target cells, short epochs (< 2 minutes)
+    python benchmarks/run.py             # full run: every cell (about 13 minutes)
+    python benchmarks/run.py --quick     # the three target cells, short epochs (< 1 minute)
     python benchmarks/run.py --check     # correctness only: tiny epochs, two workers at once
     python benchmarks/run.py --contenders hand,mxoid_bare --cells mlp-32-1 --repeat 3
 
