@@ -11,16 +11,33 @@ import mxnet as mx
 
 from .data_position import DataPosition
 from .dispatch import HookDispatcher
-from .distributed import exit_after_error, is_distributed, prepare_workers, pull_parameters
+from .distributed import (
+    exit_after_error,
+    is_distributed,
+    prepare_workers,
+    pull_parameters,
+)
 from .executor_manager import DataParallelExecutorManager
 from .extensions.base import Extension
 from .initialization import initial_params
 from .interrupt import InterruptHandlers
 from .log import TrainingLog, TrainingStatus
-from .resumption import (checkpoint_folder, find_checkpoint, loop_state, optimizer_states,
-                         restore_loop)
-from .update import (KVStoreLike, create_kvstore, create_optimizer, initialize_kvstore,
-                     update_params, update_params_on_kvstore)
+from .resumption import (
+    checkpoint_folder,
+    find_checkpoint,
+    loop_state,
+    optimizer_states,
+    restore_loop,
+)
+from .update import (
+    KVStoreLike,
+    create_kvstore,
+    create_optimizer,
+    initialize_kvstore,
+    update_params,
+    update_params_on_kvstore,
+)
+from .updater import create_updater
 
 __all__ = ["MainLoop"]
 
@@ -157,8 +174,9 @@ class MainLoop:
                 prepare_workers(self.kvstore, self.optimizer if self.update_on_kvstore else None,
                                 len(self.manager.param_names), train_data, self.extensions)
             elif self.update_on_kvstore:
-                self.kvstore.set_optimizer(self.optimizer)
-        self.updater = None if self.update_on_kvstore else mx.optimizer.get_updater(self.optimizer)
+                # What kvstore.set_optimizer does on one machine, with the faster updater.
+                self.kvstore._set_updater(create_updater(self.optimizer))
+        self.updater = None if self.update_on_kvstore else create_updater(self.optimizer)
         self._update = self._make_update()
 
         self.log = TrainingLog()
