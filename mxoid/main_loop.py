@@ -34,7 +34,8 @@ from .update import (
     create_kvstore,
     create_optimizer,
     initialize_kvstore,
-    update_params,
+    kvstore_keys,
+    local_update,
     update_params_on_kvstore,
 )
 from .updater import create_updater
@@ -169,7 +170,8 @@ class MainLoop:
             update_on_kvstore=self.update_on_kvstore)
         if self.kvstore is not None:
             initialize_kvstore(self.kvstore, self.manager.param_arrays, arg_values,
-                               self.manager.param_names, self.update_on_kvstore)
+                               self.manager.param_names, self.update_on_kvstore,
+                               kvstore_keys(self.kvstore, self.manager.param_names))
             if is_distributed(self.kvstore):  # the servers' optimizer, equal steps, reductions
                 prepare_workers(self.kvstore, self.optimizer if self.update_on_kvstore else None,
                                 len(self.manager.param_names), train_data, self.extensions)
@@ -197,12 +199,12 @@ class MainLoop:
     # ----------------------------------------------------------------- setup
     def _make_update(self):
         manager = self.manager
+        keys = kvstore_keys(self.kvstore, manager.param_names)
         if self.update_on_kvstore:
             return functools.partial(update_params_on_kvstore, manager.param_arrays,
-                                     manager.grad_arrays, self.kvstore, manager.param_names)
-        return functools.partial(update_params, manager.param_arrays, manager.grad_arrays,
-                                 self.updater, len(self.contexts), self.kvstore,
-                                 manager.param_names)
+                                     manager.grad_arrays, self.kvstore, keys)
+        return local_update(manager.param_arrays, manager.grad_arrays, self.updater,
+                            len(self.contexts), self.kvstore, keys)
 
     # -------------------------------------------------------------- training
     def run(self) -> "MainLoop":

@@ -8,7 +8,7 @@ sums them through it and runs one local updater per device
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 
@@ -17,6 +17,8 @@ __all__ = [
     "create_kvstore",
     "create_optimizer",
     "initialize_kvstore",
+    "kvstore_keys",
+    "local_update",
     "update_params",
     "update_params_on_kvstore",
 ]
@@ -120,37 +122,80 @@ def create_optimizer(optimizer: Union[str, mx.optimizer.Optimizer],
         raise ValueError(f"optimizer {optimizer!r} rejects optimizer_params {params}: {error}") from None
 
 
+def kvstore_keys(kvstore: Optional[mx.kvstore.KVStore], param_names: Sequence[str]) -> List[Union[int, str]]:
+    """The kvstore key of each parameter: its index on one machine, its name when distributed.
+
+    Integer keys spare the string conversions of every push and pull; the
+    index is what the optimizer's index-to-name map expects. A distributed
+    kvstore keeps the names, which its servers number in the same order.
+    """
+    if kvstore is not None and "dist" in kvstore.type:
+        return list(param_names)
+    return list(range(len(param_names)))
+
+
 def initialize_kvstore(kvstore: mx.kvstore.KVStore, param_arrays: List[List[mx.nd.NDArray]],
                        arg_params: Dict[str, mx.nd.NDArray], param_names: Sequence[str],
-                       update_on_kvstore: bool) -> None:
+                       update_on_kvstore: bool,
+                       keys: Optional[Sequence[Union[int, str]]] = None) -> None:
     """Put every parameter on the kvstore, in ``param_names`` order.
 
     The order matters: the kvstore numbers keys in the order they are first
     initialized, and the optimizer's index-to-name map relies on it. With the
     update on the kvstore, the devices then pull the kvstore's copy, so every
     device (and every worker) starts from the same values.
+
+    Parameters
+    ----------
+    keys : sequence of int or str, optional
+        The kvstore key of each parameter (:func:`kvstore_keys`); the names by default.
     """
-    for name, arrays in zip(param_names, param_arrays):
-        kvstore.init(name, arg_params[name])
+    keys = list(param_names) if keys is None else keys
+    for key, name, arrays in zip(keys, param_names, param_arrays):
+        kvstore.init(key, arg_params[name])
         if update_on_kvstore:
-            kvstore.pull(name, out=arrays, priority=0)
+            kvstore.pull(key, out=arrays, priority=0)
 
 
 def update_params_on_kvstore(param_arrays: List[List[mx.nd.NDArray]],
                              grad_arrays: List[List[mx.nd.NDArray]],
-                             kvstore: mx.kvstore.KVStore, param_names: Sequence[str]) -> None:
-    """Push each parameter's gradients to the kvstore, which updates it, and pull it back."""
-    for index, (name, params, grads) in enumerate(zip(param_names, param_arrays, grad_arrays)):
-        kvstore.pushpull(name, grads, out=params, priority=-index)
+                             kvstore: mx.kvstore.KVStore,
+                             keys: Sequence[Union[int, str]]) -> None:
+    """Push each parameter's gradients to the kvstore, which updates it, and pull it back.
+
+    ``keys`` are the parameters' kvstore keys, as given to :func:`initialize_kvstore`.
+    """
+    for index, (key, params, grads) in enumerate(zip(keys, param_arrays, grad_arrays)):
+        kvstore.pushpull(key, grads, out=params, priority=-index)
+
+
+def local_update(param_arrays: List[List[mx.nd.NDArray]], grad_arrays: List[List[mx.nd.NDArray]],
+                 updater: Callable, num_devices: int,
+                 kvstore: Optional[mx.kvstore.KVStore] = None,
+                 keys: Optional[Sequence[Union[int, str]]] = None) -> Callable[[], None]:
+    """Return a function doing :func:`update_params` with these arrays, its lists built once."""
+    per_device = [([i * num_devices + k for i in range(len(param_arrays))],
+                   [grads[k] for grads in grad_arrays], [params[k] for params in param_arrays])
+                  for k in range(num_devices)]
+    summed = list(zip(keys, grad_arrays)) if kvstore is not None else []
+
+    def update() -> None:
+        for index, (key, grads) in enumerate(summed):
+            kvstore.pushpull(key, grads, out=grads, priority=-index)
+        for indices, device_grads, weights in per_device:
+            if indices:
+                updater(indices, device_grads, weights)
+    return update
 
 
 def update_params(param_arrays: List[List[mx.nd.NDArray]], grad_arrays: List[List[mx.nd.NDArray]],
-                  updater, num_devices: int, kvstore: Optional[mx.kvstore.KVStore] = None,
-                  param_names: Optional[Sequence[str]] = None) -> None:
+                  updater: Callable, num_devices: int,
+                  kvstore: Optional[mx.kvstore.KVStore] = None,
+                  keys: Optional[Sequence[Union[int, str]]] = None) -> None:
     """Update the parameters on each device with a local updater.
 
     With a kvstore, the gradients of all devices (and workers) are first
-    summed through it, so every device applies the same step.
+    summed through it (under ``keys``), so every device applies the same step.
 
     Parameters
     ----------
@@ -159,15 +204,4 @@ def update_params(param_arrays: List[List[mx.nd.NDArray]], grad_arrays: List[Lis
         lists of indices, gradients and weights. The index of parameter ``i``
         on device ``k`` is ``i * num_devices + k``.
     """
-    per_device = [([], [], []) for _ in range(num_devices)]
-    for index, (params, grads) in enumerate(zip(param_arrays, grad_arrays)):
-        if kvstore is not None:
-            kvstore.pushpull(param_names[index], grads, out=grads, priority=-index)
-        for k in range(num_devices):
-            indices, device_grads, weights = per_device[k]
-            indices.append(index * num_devices + k)
-            device_grads.append(grads[k])
-            weights.append(params[k])
-    for indices, device_grads, weights in per_device:
-        if indices:
-            updater(indices, device_grads, weights)
+    local_update(param_arrays, grad_arrays, updater, num_devices, kvstore, keys)()

@@ -311,3 +311,40 @@ def test_profile_accounts_time_per_extension_and_hook():
     rows = {(name, hook): calls for name, hook, calls, seconds in loop.profile()}
     assert rows[("RecordWeightNorm", "after_batch")] == 4
     assert ("RecordWeightNorm", "after_epoch") not in rows  # not handled, never dispatched
+
+
+@pytest.mark.parametrize("on_kvstore", [True, False])
+def test_update_functions_compose_a_hand_loop_equal_to_main_loop(on_kvstore):
+    """The update functions used directly, as a user writing their own loop would."""
+    from mxoid import DataParallelExecutorManager
+    from mxoid.update import (create_kvstore, create_optimizer, initialize_kvstore, kvstore_keys,
+                              update_params, update_params_on_kvstore)
+
+    X, y = classification_data(n=60)
+    net = mlp()
+    params = initial_params(net, (20, 10))
+    train = iterator(X, y, shuffle=False)
+    manager = DataParallelExecutorManager(net, TWO_CPUS, train.provide_data, train.provide_label)
+    manager.set_params(params)
+    kv, on_kv = create_kvstore("local", 2, on_kvstore)
+    optimizer = create_optimizer("sgd", dict(OPTIMIZER_PARAMS), symbol=net,
+                                 param_names=manager.param_names, num_devices=2, batch_size=20,
+                                 kvstore=kv, update_on_kvstore=on_kv)
+    keys = kvstore_keys(kv, manager.param_names)
+    initialize_kvstore(kv, manager.param_arrays, params, manager.param_names, on_kv, keys)
+    if on_kv:
+        kv.set_optimizer(optimizer)
+    updater = None if on_kv else mx.optimizer.get_updater(optimizer)
+    for batch in train:
+        manager.load_data_batch(batch)
+        manager.forward(is_train=True)
+        manager.backward()
+        if on_kv:
+            update_params_on_kvstore(manager.param_arrays, manager.grad_arrays, kv, keys)
+        else:
+            update_params(manager.param_arrays, manager.grad_arrays, updater, 2, kv, keys)
+    loop = MainLoop(net, iterator(X, y, shuffle=False), contexts=TWO_CPUS,
+                    optimizer_params=dict(OPTIMIZER_PARAMS), arg_params=params,
+                    update_on_kvstore=on_kvstore, extensions=[FinishAfter(after_n_epochs=1)]).run()
+    assert_params_close({k: v.asnumpy() for k, v in manager.get_params()[0].items()},
+                        {k: v.asnumpy() for k, v in loop.get_params()[0].items()})
