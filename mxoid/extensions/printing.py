@@ -31,7 +31,8 @@ HEADERS = {
 class Printing(Extension):
     """Print the loop status and the records of the current row, as Blocks does.
 
-    By default after every epoch and when training ends; add
+    By default after every epoch, when training resumes, is interrupted or
+    ends, as in Blocks; add
     ``every_n_batches=N`` for reports between epochs. The report goes to
     standard output with ``tqdm.write`` (so a :class:`ProgressBar` on the
     screen is not broken) and is flushed at once, so it shows up in
@@ -56,6 +57,8 @@ class Printing(Extension):
         kwargs.setdefault("priority", 300)
         kwargs.setdefault("after_epoch", True)
         kwargs.setdefault("after_training", True)
+        kwargs.setdefault("on_resumption", True)
+        kwargs.setdefault("on_interrupt", True)
         super().__init__(**kwargs)
 
     def do(self, which_callback: str, *args: Any) -> None:

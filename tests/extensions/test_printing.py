@@ -84,3 +84,24 @@ def test_batches_per_epoch_from_the_iterator():
     assert batches_per_epoch(mx.io.ResizeIter(mx.io.NDArrayIter(X, batch_size=4), 7)) == 7
     assert batches_per_epoch([1, 2]) == 2
     assert batches_per_epoch(iter([1, 2])) is None
+
+
+def test_printing_reports_a_resumption(tmp_path, capsys):
+    import mxnet as mx
+    from mxoid import Checkpoint, FinishAfter, MainLoop, Printing
+    from conftest import classification_data, mlp
+
+    X, y = classification_data(n=40)
+
+    def loop(limit, resume):
+        train = mx.io.NDArrayIter(X, y, batch_size=20, label_name="softmax_label")
+        return MainLoop(mlp(), train, extensions=[FinishAfter(after_n_epochs=limit), Printing(),
+                                                   Checkpoint(str(tmp_path))],
+                        resume_from=str(tmp_path) if resume else None)
+
+    loop(1, False).run()
+    capsys.readouterr()
+    loop(2, True).run()
+    out = capsys.readouterr().out
+    assert out.index("TRAINING RESUMED") < out.index("AFTER ANOTHER EPOCH")
+    assert "epochs_done: 1" in out.split("AFTER ANOTHER EPOCH")[0]
