@@ -288,8 +288,6 @@ class DataParallelExecutorManager:
             return
         slices = self.slices
         for source, device_targets in zip(sources, targets):
-            if not isinstance(source, mx.nd.NDArray):
-                source = mx.nd.array(source)
             for slc, target in zip(slices, device_targets):
                 source[slc].copyto(target)
 

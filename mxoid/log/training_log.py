@@ -46,6 +46,13 @@ class TrainingLog(Mapping):
     def __len__(self) -> int:
         return len(self._rows)
 
+    # Mapping's defaults go through __getitem__ and a KeyError; writers ask per batch.
+    def __contains__(self, iteration: object) -> bool:
+        return iteration in self._rows
+
+    def get(self, iteration: int, default: Any = None) -> Any:
+        return self._rows.get(iteration, default)
+
     def row(self, iteration: int) -> Dict[str, Any]:
         """Return the row of ``iteration``, creating it if needed."""
         found = self._rows.get(iteration)
