@@ -1,6 +1,7 @@
 """Dispatching hooks to extensions, with per-extension time accounting."""
 from __future__ import annotations
 
+import functools
 from time import perf_counter
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -60,7 +61,7 @@ class HookDispatcher:
         """Return a callable firing ``hook``, or None when no extension handles it."""
         if not self.handlers[hook]:
             return None
-        return lambda *args: self.fire(hook, *args)
+        return functools.partial(self.fire, hook)
 
     def profile(self) -> List[Tuple[str, str, int, float]]:
         """Return ``(extension name, hook, calls, seconds)`` for every dispatched pair, slowest first."""
