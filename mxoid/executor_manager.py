@@ -182,6 +182,10 @@ class DataParallelExecutorManager:
         self._data_targets = [[e.arg_dict[n] for e in execs] for n in self.data_names]
         self._label_targets = [self.labels[n] for n in self.label_names]
         self._single = len(execs) == 1
+        # True while every device holds the same auxiliary states (set_params,
+        # reconcile_aux_states); a backward pass makes each device's its own.
+        self._aux_agree = True
+        self._root = self if shared_manager is None else shared_manager._root
         self._pad = 0
         self.valid_rows = [s.stop - s.start for s in self.slices]
         self._evaluation_managers: Dict[tuple, DataParallelExecutorManager] = {}
@@ -300,6 +304,7 @@ class DataParallelExecutorManager:
         """Run the backward pass on every device (asynchronously)."""
         if self.shared_manager is not None:
             raise RuntimeError("a manager that shares another's parameters is for forward passes only")
+        self._aux_agree = self._single or not self.aux_names
         for executor in self.executors:
             executor.backward()
 
@@ -336,19 +341,77 @@ class DataParallelExecutorManager:
                         value.astype(target.dtype, copy=False).copyto(target)
                     else:
                         target[:] = np.asarray(value, dtype=target.dtype)
+        if aux_params and set(aux_params) == set(self.aux_names):
+            self._root._aux_agree = True
 
     def get_params(self) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
         """Return ``(arg_params, aux_params)`` as host copies, like ``Module.get_params()``.
 
-        Parameters are identical on every device and are read from the first;
-        auxiliary states (e.g. BatchNorm statistics) are averaged over devices.
+        Waits for the work in flight first (:meth:`synchronize`). Parameters
+        are identical on every device and are read from the first; auxiliary
+        states (e.g. BatchNorm statistics) are averaged over the devices, as
+        ``Module.get_params()`` averages them (nothing is written back; see
+        :meth:`reconcile_aux_states`).
         """
+        self.synchronize()
         cpu = mx.cpu()
         arg_params = {n: arrays[0].copyto(cpu) for n, arrays in zip(self.param_names, self.param_arrays)}
+        return arg_params, self._host_aux_states()
+
+    def _host_aux_states(self) -> Dict[str, mx.nd.NDArray]:
+        cpu = mx.cpu()
         aux_params = {}
         for name, arrays in zip(self.aux_names, self.aux_arrays):
             total = arrays[0].copyto(cpu)
-            for array in arrays[1:]:
-                total += array.copyto(cpu)
-            aux_params[name] = total / len(arrays) if len(arrays) > 1 else total
-        return arg_params, aux_params
+            if not self._root._aux_agree:  # Module's arithmetic: (0 + a0 + a1 + ...) / n on the host
+                for array in arrays[1:]:
+                    total += array.copyto(cpu)
+                total /= len(arrays)
+            aux_params[name] = total
+        return aux_params
+
+    def synchronize(self) -> None:
+        """Wait until every operation queued on MXNet's engine is computed.
+
+        This is mxoid's one rule for the asynchronous engine: whatever reads
+        parameters, auxiliary states or outputs to the host, saves them, or
+        runs the executors for anything but the next training step
+        (evaluation, ``get_params``, checkpoints, NaN checks, metric reads)
+        calls this first. The training step itself never does: batches are
+        only queued, and the engine orders them by the arrays each operation
+        declares. Two things escape that order in MXNet 1.9.1:
+
+        - BatchNorm writes its ``moving_mean`` / ``moving_var`` in the
+          backward pass without declaring the write to the engine, so a read
+          issued right after the backward (a ``copyto``, ``asnumpy``,
+          ``mx.model.save_checkpoint``) can see the values from before it.
+          (``Module.fit`` falls into this at each epoch end: its
+          ``get_params()`` / ``set_params()`` can write stale statistics back.)
+        - MKLDNN's operators, run for evaluation on executors whose training
+          work is still in flight, corrupt that work (parameters that differ
+          from run to run, or NaN).
+
+        Waiting for the whole engine (``mx.nd.waitall()``) is the only wait
+        that covers the undeclared write. An extension that reads the
+        network calls ``main_loop.synchronize()`` (the same thing) first.
+        """
+        mx.nd.waitall()
+
+    def reconcile_aux_states(self) -> None:
+        """Make every device hold the same auxiliary states: their average.
+
+        Each device updates its own BatchNorm statistics from its slice of the
+        batch. This waits for the engine (:meth:`synchronize`), averages every
+        auxiliary state over the devices as :meth:`get_params` does, and writes
+        the average back to every device, as ``Module.fit`` does at each epoch
+        end. Nothing to do on one device, or without auxiliary states.
+        """
+        root = self._root
+        if root._aux_agree:
+            return
+        self.synchronize()
+        averaged = self._host_aux_states()
+        for name, arrays in zip(self.aux_names, self.aux_arrays):
+            for target in arrays:
+                averaged[name].copyto(target)
+        root._aux_agree = True

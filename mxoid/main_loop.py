@@ -5,7 +5,7 @@ import functools
 import logging
 import signal
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 
@@ -114,6 +114,21 @@ class MainLoop:
     log : TrainingLog
     current_batch : mx.io.DataBatch or None
         The batch being trained, for extensions.
+
+    Notes
+    -----
+    Several devices and BatchNorm. Parameters are the same on every device
+    after every update, but each device updates its own auxiliary states
+    (BatchNorm's moving statistics) from its slice of the batch. At every
+    epoch end (as ``Module.fit``), before every evaluation and checkpoint,
+    in :meth:`get_params` and when training ends, the loop averages them
+    over the devices and writes the average back to every device, so that
+    what is evaluated, what is saved and what :meth:`get_params` returns
+    are one and the same network. Between those points the devices' statistics
+    drift apart again. A mid-epoch evaluation or checkpoint therefore
+    changes the statistics the rest of the epoch starts from (on one device
+    it changes nothing). With a distributed kvstore each worker keeps its
+    own statistics; rank 0's are saved.
 
     Examples
     --------
@@ -237,6 +252,8 @@ class MainLoop:
                         fire("before_epoch")
                     if not self._run_epoch():
                         break
+                    # As Module.fit: every device ends the epoch with the same model.
+                    self.manager.reconcile_aux_states()
                     status.epoch_started = False
                     status.epochs_done += 1
                     if status.epoch_interrupt_received and status.interrupted is None:
@@ -247,6 +264,8 @@ class MainLoop:
                     self.request_stop(f"interrupted by {status.interrupted}")
                     fire("on_interrupt")
                 status.training_finished = True
+                self.manager.reconcile_aux_states()
+                self.synchronize()
                 if is_distributed(self.kvstore) and self.update_on_kvstore:
                     pull_parameters(self.kvstore, self.manager.param_names,
                                     self.manager.param_arrays)  # dist_async: end equal
@@ -341,8 +360,27 @@ class MainLoop:
         return optimizer_states(self)
 
     # ------------------------------------------------------------ parameters
-    def get_params(self):
-        """Return ``(arg_params, aux_params)`` as host copies (see the manager's ``get_params``)."""
+    def synchronize(self) -> None:
+        """Wait for the training step in flight to be computed.
+
+        The per-batch path never waits; whatever reads the network to the
+        host, saves it or runs it for anything but training must call this
+        first (why: :meth:`DataParallelExecutorManager.synchronize`). The
+        built-in extensions do; so should your own before reading
+        ``manager.param_arrays``, ``aux_arrays`` or ``outputs``.
+        """
+        self.manager.synchronize()
+
+    def get_params(self) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
+        """Return ``(arg_params, aux_params)``, the model being trained, as host copies.
+
+        Waits for the training step in flight. On several devices, each
+        device's BatchNorm statistics (auxiliary states) are first averaged
+        and written back to every device (see the Notes of
+        :class:`MainLoop`), so the model returned is the one
+        every device then holds, evaluates and checkpoints.
+        """
+        self.manager.reconcile_aux_states()
         return self.manager.get_params()
 
     def profile(self) -> List[tuple]:

@@ -120,9 +120,15 @@ class Evaluate(_MetricsExtension):
     :func:`mxoid.metrics.create_metrics`).
 
     Iterators may have another batch size than training: executors are bound
-    for their shapes once, sharing the training parameters. Each iterator is
-    reset before and after use. Evaluation changes neither the parameters nor
-    the training iterator.
+    for their shapes once, sharing the training parameters; iterators with
+    the training shapes run on the training executors. Either way the loop
+    first waits for the training step in flight and, on several devices,
+    makes every device hold the averaged BatchNorm statistics
+    (:meth:`MainLoop.get_params` describes the policy), and training goes on
+    only once evaluation is computed: the network evaluated is the one
+    ``get_params()`` returns and a checkpoint saves. Each iterator is reset
+    before and after use. Evaluation changes neither the parameters nor the
+    training iterator.
 
     Parameters
     ----------
@@ -202,9 +208,18 @@ class Evaluate(_MetricsExtension):
         """Run every iterator through the network now and return the records by name."""
         if self._main_loop is None:
             raise RuntimeError(NOT_BOUND.format(name=self.name))
+        loop = self._main_loop
+        # The model evaluated is the one get_params() returns and a checkpoint
+        # saves; and no evaluation runs while the training step is in flight
+        # (see DataParallelExecutorManager.synchronize).
+        loop.manager.reconcile_aux_states()
+        loop.synchronize()
         records: Dict[str, float] = {}
-        for name, iterator in self.iterators.items():
-            records.update(zip(self._records[name], self._evaluate(name, iterator)))
+        try:
+            for name, iterator in self.iterators.items():
+                records.update(zip(self._records[name], self._evaluate(name, iterator)))
+        finally:
+            loop.synchronize()  # nor any training step while evaluation is in flight
         return records
 
     def _evaluate(self, name: str, iterator: mx.io.DataIter) -> List[float]:

@@ -210,8 +210,8 @@ class NaNGuard(Extension):
     same ``every_n_batches``).
 
     With ``check_parameters=True`` it also checks every parameter and
-    auxiliary state (the copy on the first device) each time it fires,
-    with one host synchronization.
+    auxiliary state (on every device) each time it fires, after waiting for
+    the training step in flight (:meth:`MainLoop.synchronize`).
 
     Parameters
     ----------
@@ -252,14 +252,18 @@ class NaNGuard(Extension):
                 self._stop(name, f"parameter {name!r} holds NaN or infinite values")
 
     def _non_finite_parameter(self) -> Optional[str]:
-        manager = self.main_loop.manager
-        names: List[str] = list(manager.param_names) + list(manager.aux_names)
-        arrays = [copies[0] for copies in list(manager.param_arrays) + list(manager.aux_arrays)]
-        if not arrays:
+        loop = self.main_loop
+        manager = loop.manager
+        # Parameters are the same on every device; auxiliary states are each device's own.
+        entries = [(name, copies[:1]) for name, copies in zip(manager.param_names,
+                                                              manager.param_arrays)]
+        entries += list(zip(manager.aux_names, manager.aux_arrays))
+        if not entries:
             return None
-        flags = mx.nd.concat(*[mx.nd.contrib.isfinite(array).min().reshape((1,))
-                               for array in arrays], dim=0)
-        for name, finite in zip(names, flags.asnumpy()):
+        loop.synchronize()
+        flags = [mx.nd.concat(*[mx.nd.contrib.isfinite(array).min().reshape((1,))
+                                for array in copies], dim=0).min() for _, copies in entries]
+        for (name, _), finite in zip(entries, mx.nd.concat(*flags, dim=0).asnumpy()):
             if not finite:
                 return name
         return None

@@ -4,8 +4,6 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Any, Tuple
 
-import mxnet as mx
-
 from .base import Extension
 
 __all__ = ["Timing"]
@@ -21,7 +19,8 @@ class Timing(Extension):
 
     MXNet runs operations asynchronously: the host queues them and moves
     on, so a clock read without waiting measures how fast work is queued,
-    not done. Timing calls ``mx.nd.waitall()`` before it reads the clock,
+    not done. Timing waits for the engine (``main_loop.synchronize()``)
+    before it reads the clock,
     but only when it writes records (every epoch by default, and every
     ``every_n_batches`` if given) and once when training starts or resumes;
     never per batch unless asked. Records:
@@ -79,14 +78,14 @@ class Timing(Extension):
         super().before_epoch()
 
     def _start(self, total_before: float) -> None:
-        mx.nd.waitall()
+        self.main_loop.synchronize()
         self._started = perf_counter()
         self._total_before = total_before
         iterations = self.main_loop.status.iterations_done
         self._epoch_start = self._last_write = (self._started, iterations)
 
     def do(self, which_callback: str, *args: Any) -> None:
-        mx.nd.waitall()
+        self.main_loop.synchronize()
         now = perf_counter()
         iterations = self.main_loop.status.iterations_done
         row = self.main_loop.log.current_row

@@ -1,15 +1,21 @@
 """The loop's counters and flags."""
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 __all__ = ["TrainingStatus"]
 
 
 @dataclass
-class TrainingStatus:
+class TrainingStatus(Mapping):
     """Where training stands; the same object is ``loop.status`` and ``loop.log.status``.
+
+    Read it by attribute (``status.epochs_done``) or as a read-only mapping,
+    as Blocks' status dict: ``status['epochs_done']``, ``keys()``,
+    ``items()``, ``dict(status)``, ``json.dumps(dict(status))``. Only the
+    loop and its signal handlers change it, by attribute.
 
     Counters are already updated when the hooks of that batch or epoch run:
     in ``after_batch`` of the first batch, ``iterations_done == 1``.
@@ -57,14 +63,24 @@ class TrainingStatus:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore counters and flags from :meth:`state_dict`; unknown keys are ignored."""
-        names = {f.name for f in fields(self)}
         for key, value in state.items():
-            if key in names:
+            if key in _FIELDS:
                 setattr(self, key, value)
 
     def __getitem__(self, key: str) -> Any:
         """Blocks-style access: ``status['iterations_done']``."""
-        try:
-            return getattr(self, key)
-        except AttributeError:
-            raise KeyError(key) from None
+        if key not in _FIELDS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(_FIELDS)
+
+    def __len__(self) -> int:
+        return len(_FIELDS)
+
+    def __contains__(self, key: object) -> bool:
+        return key in _FIELDS
+
+
+_FIELDS = tuple(f.name for f in fields(TrainingStatus))

@@ -186,6 +186,7 @@ class MetricAccumulator:
         The per-row sums are kept as they are on each device, so a resumed
         run adds the next batches to exactly the same numbers.
         """
+        self.manager.synchronize()
         device_sums = [[array.asnumpy().tolist() for array in sums]
                        for sums in self._sums[self._parity]]
         host = [list(metric.totals()) for metric, _, _ in self._host]
@@ -204,10 +205,12 @@ class MetricAccumulator:
     def totals(self) -> np.ndarray:
         """Return the ``(len(metrics), 2)`` array of ``(sum, count)`` per metric, on the host.
 
-        This reads the devices (it waits for the batches added). Sums and
+        This reads the devices: it first waits for the engine
+        (:meth:`DataParallelExecutorManager.synchronize`). Sums and
         counts add up across workers, so a distributed run can sum them
         before :meth:`values` divides.
         """
+        self.manager.synchronize()
         totals = np.zeros((len(self.metrics), 2))
         totals[:, 1] = self.rows * self._elements
         device_sums = self._sums[self._parity]

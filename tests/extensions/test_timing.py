@@ -38,8 +38,9 @@ def test_timing_records_plausible_figures_after_each_epoch(waits):
     assert rows[0]["time_total"] >= rows[0]["time_epoch"]
     assert rows[1]["time_total"] >= rows[0]["time_total"] + rows[1]["time_epoch"]
     assert rows[1]["time_total"] < wall
-    # Once when training starts, once per write; never per batch.
-    assert len(waits) == 1 + 2
+    # Once when training starts, once per write, and once (the loop's) when training
+    # ends; never per batch.
+    assert len(waits) == 1 + 2 + 1
     assert not any("time_per_batch" in loop.log.get(i, {}) for i in (1, 2, 3, 5, 6, 7))
 
 
@@ -47,7 +48,7 @@ def test_timing_every_n_batches_waits_only_when_writing(waits):
     loop = small_loop([Slow(), Timing(every_n_batches=2), FinishAfter(after_n_epochs=2)]).run()
     written = [i for i, row in loop.log.items() if "time_total" in row]
     assert written == [2, 4, 6, 8]
-    assert len(waits) == 1 + 4 + 2  # start, four batch writes, two epoch writes
+    assert len(waits) == 1 + 4 + 2 + 1  # start, four batch writes, two epoch writes, the end
     row = loop.log[6]
     assert SLEEP <= row["time_per_batch"] and "time_epoch" not in row
     assert row["samples_per_second"] == pytest.approx(25 / row["time_per_batch"])
