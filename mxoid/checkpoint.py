@@ -1,4 +1,4 @@
-"""The checkpoint format: written atomically, verified when read.
+"""The checkpoint format: written atomically, verified when read, owned by one run at a time.
 
 A checkpoint is a folder ``checkpoint-<seq>-epoch<E>-batch<B>`` holding
 
@@ -13,29 +13,46 @@ A checkpoint is a folder ``checkpoint-<seq>-epoch<E>-batch<B>`` holding
     kvstore, whose states live on the servers.
 ``loop.json``
     Plain JSON: the loop status and log, each extension's ``state_dict()``,
-    NumPy's and Python's random states, the MXNet seed set at the save, and
-    the position of the training iterator.
+    NumPy's and Python's random states, the MXNet seed set at the save, the
+    position of the training iterator, and what resumption checks (the run,
+    the optimizer settings, the batch size).
 ``MANIFEST.json``
-    Written last: the format version and the size and SHA-256 of every
-    other file.
+    Written last: the format version, the run the checkpoint belongs to,
+    its sequence number, and the size and SHA-256 of every other file.
+
+The sequence number counts the saves into a directory in the order they
+were written, over every run: the newest checkpoint has the highest.
+A *run* is one training from its start, through every resumption; its id
+(``run_id``) is in every manifest, so that a new run never prunes or resumes
+the checkpoints of another.
 
 Everything is first written to a hidden ``.tmp-...`` folder and renamed
 into place when complete, so a process killed at any moment leaves the
-previous checkpoints whole. A folder whose manifest is missing or does not
-match its files is reported as damaged, naming the file.
+previous checkpoints whole. Replacing a folder (``best``) renames the old
+one to ``.retired-...`` first; a process killed between the two renames
+leaves it there, and the next run puts it back. A folder whose manifest is
+missing, malformed or does not match its files is reported as damaged,
+naming the file. :class:`DirectoryLock` keeps a second process from writing
+into a directory that a run is writing into.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
+import socket
+import uuid
 import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import mxnet as mx
+import numpy as np
 
 from .errors import clean_mxnet_message
 
@@ -43,12 +60,16 @@ __all__ = [
     "FORMAT_VERSION",
     "CheckpointContents",
     "CheckpointError",
+    "DirectoryLock",
     "checkpoint_name",
+    "clean_temporaries",
+    "is_checkpoint_folder",
     "latest_checkpoint",
     "list_checkpoints",
+    "next_sequence",
     "read_checkpoint",
+    "read_manifest",
     "remove_checkpoint",
-    "remove_stale_temporaries",
     "write_checkpoint",
 ]
 
@@ -57,12 +78,24 @@ PREFIX = "model"
 MANIFEST = "MANIFEST.json"
 LOOP_STATE = "loop.json"
 OPTIMIZER_STATES = "optimizer.states"
+LOCK = ".mxoid-lock"
 _NAME = re.compile(r"^checkpoint-(\d+)-epoch(\d+)-batch(\d+)$")
-_TEMPORARY = re.compile(r"^\.(?:tmp|old)-.*-(\d+)$")
+# .tmp-<name>-<token>: being written; .retired-<name>-<token>: a whole folder replaced by a
+# newer one of the same name; .deleting-<name>-<token>: being deleted. (.old-... and
+# .tmp-...-<pid> are the names of earlier mxoid versions.)
+_TEMPORARY = re.compile(r"^\.(tmp|retired|deleting|old)-(.+)-([0-9a-f]{12}|\d+)$")
+_LOOP_KEYS = ("log", "status", "extensions", "random", "data_position", "num_devices",
+              "update_on_kvstore")
+
+CANNOT_WRITE = ("cannot write checkpoint {path}: {cause}. Nothing was saved there (the "
+                "previous checkpoints are whole); {fix}")
+LOCKED = ("checkpoint directory {directory} is in use by another run ({holder}); two runs "
+          "writing into one directory would overwrite and prune each other's checkpoints. Give "
+          "this run another directory, or stop the other one")
 
 
 class CheckpointError(ValueError):
-    """A checkpoint is incomplete or damaged; the message names the file."""
+    """A checkpoint is incomplete, damaged or cannot be written; the message names the file."""
 
 
 @dataclass
@@ -74,6 +107,17 @@ class CheckpointContents:
     aux_params: Dict[str, mx.nd.NDArray]
     loop_state: Dict[str, Any]
     optimizer_states: Optional[bytes]
+    manifest: Dict[str, Any]
+
+    @property
+    def run_id(self) -> Optional[str]:
+        """The run that wrote this checkpoint (None for checkpoints of mxoid 0.1)."""
+        return self.manifest.get("run_id")
+
+    @property
+    def symbol_json(self) -> str:
+        with open(os.path.join(self.path, f"{PREFIX}-symbol.json")) as handle:
+            return handle.read()
 
 
 def checkpoint_name(sequence: int, epochs_done: int, iterations_done: int) -> str:
@@ -81,53 +125,161 @@ def checkpoint_name(sequence: int, epochs_done: int, iterations_done: int) -> st
     return f"checkpoint-{sequence:06d}-epoch{epochs_done:04d}-batch{iterations_done:08d}"
 
 
+def _token() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+# ------------------------------------------------------------------- writing
 def write_checkpoint(path: str, symbol: mx.sym.Symbol, arg_params: Dict[str, mx.nd.NDArray],
                      aux_params: Dict[str, mx.nd.NDArray], loop_state: Dict[str, Any],
-                     optimizer_states: Optional[bytes]) -> str:
+                     optimizer_states: Optional[bytes], *, run_id: Optional[str] = None,
+                     sequence: Optional[int] = None) -> str:
     """Write a checkpoint folder at ``path`` atomically (replacing one already there).
 
     Returns
     -------
     str
         ``path``.
+
+    Raises
+    ------
+    CheckpointError
+        When the folder cannot be written (full disk, read-only folder, a file
+        in the way, a file size limit, state that JSON cannot hold); the
+        message says which file, why, and what to do. The half-written
+        temporary folder is removed, so a full disk is not kept full.
     """
     parent = os.path.dirname(os.path.abspath(path))
-    os.makedirs(parent, exist_ok=True)
-    temporary = os.path.join(parent, f".tmp-{os.path.basename(path)}-{os.getpid()}")
-    if os.path.exists(temporary):
-        shutil.rmtree(temporary)
-    os.makedirs(temporary)
-    epoch = int(loop_state["status"]["epochs_done"])
-    mx.model.save_checkpoint(os.path.join(temporary, PREFIX), epoch, symbol, arg_params, aux_params)
-    with open(os.path.join(temporary, LOOP_STATE), "w") as handle:
-        json.dump(loop_state, handle)
-    if optimizer_states is not None:
-        with open(os.path.join(temporary, OPTIMIZER_STATES), "wb") as handle:
-            handle.write(optimizer_states)
-    files = {}
-    for name in sorted(os.listdir(temporary)):
-        full = os.path.join(temporary, name)
-        _fsync_file(full)
-        files[name] = {"size": os.path.getsize(full), "sha256": _sha256(full)}
-    manifest = {"format_version": FORMAT_VERSION, "epoch": epoch,
-                "iterations_done": loop_state["status"]["iterations_done"], "files": files}
-    with open(os.path.join(temporary, MANIFEST), "w") as handle:
-        json.dump(manifest, handle, indent=1)
-        handle.flush()
-        os.fsync(handle.fileno())
-    if os.path.exists(path):
-        retired = os.path.join(parent, f".old-{os.path.basename(path)}-{os.getpid()}")
-        os.rename(path, retired)
-        os.rename(temporary, path)
-        shutil.rmtree(retired, ignore_errors=True)
-    else:
-        os.rename(temporary, path)
-    _fsync_directory(parent)
+    temporary = os.path.join(parent, f".tmp-{os.path.basename(path)}-{_token()}")
+    try:
+        loop_json = _dump_json(loop_state, path)
+        os.makedirs(parent, exist_ok=True)
+        os.makedirs(temporary)
+        _write_files(temporary, symbol, arg_params, aux_params, loop_json, optimizer_states,
+                     int(loop_state["status"]["epochs_done"]),
+                     {"run_id": run_id, "sequence": sequence,
+                      "iterations_done": loop_state["status"]["iterations_done"]})
+        _replace(temporary, path)
+        _fsync_directory(parent)
+    except BaseException as error:
+        shutil.rmtree(temporary, ignore_errors=True)
+        if isinstance(error, CheckpointError):
+            raise
+        if isinstance(error, (OSError, mx.base.MXNetError)):
+            size = sum(a.size * np.dtype(a.dtype).itemsize
+                       for a in list(arg_params.values()) + list(aux_params.values()))
+            raise CheckpointError(_write_failure(path, temporary, error, size)) from None
+        raise
     return path
 
 
+def _write_files(folder: str, symbol: mx.sym.Symbol, arg_params: Dict[str, mx.nd.NDArray],
+                 aux_params: Dict[str, mx.nd.NDArray], loop_json: str,
+                 optimizer_states: Optional[bytes], epoch: int, about: Dict[str, Any]) -> None:
+    mx.model.save_checkpoint(os.path.join(folder, PREFIX), epoch, symbol, arg_params, aux_params)
+    with open(os.path.join(folder, LOOP_STATE), "w") as handle:
+        handle.write(loop_json)
+    if optimizer_states is not None:
+        with open(os.path.join(folder, OPTIMIZER_STATES), "wb") as handle:
+            handle.write(optimizer_states)
+    files = {}
+    for name in sorted(os.listdir(folder)):
+        full = os.path.join(folder, name)
+        _fsync_file(full)
+        files[name] = {"size": os.path.getsize(full), "sha256": _sha256(full)}
+    manifest = {"format_version": FORMAT_VERSION, "epoch": epoch, **about, "files": files}
+    with open(os.path.join(folder, MANIFEST), "w") as handle:
+        json.dump(manifest, handle, indent=1)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _replace(temporary: str, path: str) -> None:
+    """Rename ``temporary`` to ``path``; an existing ``path`` is retired first, then deleted.
+
+    Between the two renames only the retired folder exists: :func:`clean_temporaries`
+    puts it back if the process dies there.
+    """
+    if not os.path.lexists(path):
+        os.rename(temporary, path)
+        return
+    if not os.path.isdir(path) or os.path.islink(path):
+        raise FileExistsError(errno.EEXIST, "a file that is not a checkpoint folder is in the way",
+                              path)
+    parent, name = os.path.split(path)
+    retired = os.path.join(parent, f".retired-{name}-{_token()}")
+    os.rename(path, retired)
+    os.rename(temporary, path)
+    shutil.rmtree(retired, ignore_errors=True)
+
+
+def _write_failure(path: str, temporary: str, error: BaseException, size: int) -> str:
+    """Say why a checkpoint could not be written, and what to do."""
+    if isinstance(error, mx.base.MXNetError):
+        # MXNet says only "FileStream.Write incomplete": write as much with Python to learn why.
+        error = _probe_write(temporary, size) or error
+        shutil.rmtree(temporary, ignore_errors=True)
+    if isinstance(error, OSError):
+        code = error.errno
+        cause = f"{error.strerror or error} ({error.filename or path})"
+        fixes = {errno.ENOSPC: "free disk space or point Checkpoint at another disk",
+                 errno.EDQUOT: "free space within your disk quota",
+                 errno.EFBIG: "raise the file size limit (ulimit -f)",
+                 errno.EROFS: "the file system is read-only: point Checkpoint at a writable folder",
+                 errno.EACCES: "make the folder writable, or point Checkpoint at another folder",
+                 errno.EPERM: "make the folder writable, or point Checkpoint at another folder",
+                 errno.EEXIST: "move the file that is in the way",
+                 errno.ENOTDIR: "a file stands where a folder is needed: move it away"}
+        fix = fixes.get(code, "fix the cause, then resume from the previous checkpoint")
+    else:
+        cause, fix = clean_mxnet_message(error), "fix the cause, then resume"
+    return CANNOT_WRITE.format(path=path, cause=cause, fix=fix)
+
+
+def _probe_write(folder: str, size: int) -> Optional[OSError]:
+    probe = os.path.join(folder, ".probe")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(probe, "wb") as handle:
+            block = b"\0" * (1 << 16)
+            for _ in range(size // len(block) + 1):
+                handle.write(block)
+            handle.flush()
+            os.fsync(handle.fileno())
+    except OSError as error:
+        return error
+    finally:
+        try:
+            os.remove(probe)
+        except OSError:
+            pass
+    return None
+
+
+def _dump_json(state: Dict[str, Any], path: str) -> str:
+    """The loop state as JSON; a value JSON cannot hold is named by where it sits."""
+    try:
+        return json.dumps(state)
+    except (TypeError, ValueError):
+        pass
+    for key, value in state.items():
+        for inner, item in (value.items() if key == "extensions" else [(None, value)]):
+            try:
+                json.dumps(item)
+            except (TypeError, ValueError) as error:
+                where = (f"the state_dict() of extension {inner!r}" if inner is not None
+                         else f"the loop state {key!r}")
+                raise CheckpointError(
+                    f"cannot write checkpoint {path}: {where} holds a value JSON cannot hold "
+                    f"({error}); state_dict() must return plain data: numbers, strings, "
+                    "None, lists and dicts with string keys") from None
+    raise CheckpointError(f"cannot write checkpoint {path}: its state is not plain data")
+
+
+# ------------------------------------------------------------------- listing
 def list_checkpoints(directory: str) -> List[str]:
-    """Checkpoint folders in ``directory`` (renamed into place, maybe damaged), oldest first."""
+    """Checkpoint folders in ``directory`` (renamed into place, maybe damaged), oldest first
+    (by sequence number, which is the order they were written)."""
     if not os.path.isdir(directory):
         return []
     found = []
@@ -138,98 +290,248 @@ def list_checkpoints(directory: str) -> List[str]:
     return [path for _, path in sorted(found)]
 
 
-def read_checkpoint(path: str) -> CheckpointContents:
-    """Read and verify one checkpoint folder.
+def next_sequence(directory: str) -> int:
+    """The sequence number of the next checkpoint written into ``directory``."""
+    numbers = [int(_NAME.match(os.path.basename(p)).group(1)) for p in list_checkpoints(directory)]
+    return max(numbers, default=0) + 1
+
+
+def is_checkpoint_folder(path: str) -> bool:
+    """True for a folder that is (or was meant to be) one checkpoint, rather than a directory
+    of them: it has a manifest or MXNet's files."""
+    return os.path.isdir(path) and any(
+        os.path.exists(os.path.join(path, name))
+        for name in (MANIFEST, LOOP_STATE, f"{PREFIX}-symbol.json"))
+
+
+def read_manifest(path: str) -> Dict[str, Any]:
+    """The checked manifest of a checkpoint folder.
 
     Raises
     ------
     CheckpointError
-        When a file is missing, truncated, altered or unreadable; the message
-        names it.
+        When it is missing, not JSON, of another format version, or lacks a field.
     """
     manifest_path = os.path.join(path, MANIFEST)
     if not os.path.isfile(manifest_path):
         raise CheckpointError(f"checkpoint {path} is incomplete: {manifest_path} is missing "
                               "(its write was interrupted); use an earlier checkpoint")
     manifest = _read_json(manifest_path)
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"{manifest_path} is damaged: not a JSON object")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{manifest_path} has format version {manifest.get('format_version')}"
                               f"; this mxoid reads version {FORMAT_VERSION}")
-    for name, expected in manifest["files"].items():
+    files = manifest.get("files")
+    if (not isinstance(files, dict) or not isinstance(manifest.get("epoch"), int)
+            or not all(isinstance(v, dict) and isinstance(v.get("size"), int)
+                       and isinstance(v.get("sha256"), str) for v in files.values())):
+        raise CheckpointError(f"{manifest_path} is damaged: it lacks 'epoch' or the size and "
+                              "SHA-256 of each file ('files'); use an earlier checkpoint")
+    return manifest
+
+
+# ------------------------------------------------------------------- reading
+def read_checkpoint(path: str, *, check_finite: bool = False) -> CheckpointContents:
+    """Read and verify one checkpoint folder.
+
+    Every file must match the manifest, the loop state must have every part
+    resumption needs, the optimizer states must load, and with
+    ``check_finite`` every parameter must be finite.
+
+    Raises
+    ------
+    CheckpointError
+        When a file is missing, truncated, altered, malformed or unreadable;
+        the message names it.
+    """
+    manifest = read_manifest(path)
+    files = manifest["files"]
+    params_name = f"{PREFIX}-{manifest['epoch']:04d}.params"
+    for required in (params_name, LOOP_STATE, f"{PREFIX}-symbol.json"):
+        if required not in files:
+            raise CheckpointError(f"checkpoint {path} is damaged: its manifest does not list "
+                                  f"{required}; use an earlier checkpoint")
+    for name, expected in files.items():
         full = os.path.join(path, name)
         if not os.path.isfile(full):
             raise CheckpointError(f"checkpoint file {full} is missing")
         if os.path.getsize(full) != expected["size"] or _sha256(full) != expected["sha256"]:
             raise CheckpointError(f"checkpoint file {full} is damaged: its size or SHA-256 "
                                   "differs from the manifest; use an earlier checkpoint")
-    params_file = os.path.join(path, f"{PREFIX}-{manifest['epoch']:04d}.params")
+    arg_params, aux_params = _read_params(os.path.join(path, params_name), check_finite)
+    loop_state = _read_json(os.path.join(path, LOOP_STATE))
+    _check_loop_state(os.path.join(path, LOOP_STATE), loop_state)
+    states = None
+    if OPTIMIZER_STATES in files:
+        states_file = os.path.join(path, OPTIMIZER_STATES)
+        with open(states_file, "rb") as handle:
+            states = handle.read()
+        _check_optimizer_states(states_file, states)
+    return CheckpointContents(path, arg_params, aux_params, loop_state, states, manifest)
+
+
+def _read_params(params_file: str, check_finite: bool
+                 ) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
     try:
         saved = mx.nd.load(params_file)
     except mx.base.MXNetError as error:
         raise CheckpointError(f"checkpoint file {params_file} cannot be read: "
                               f"{clean_mxnet_message(error)}") from None
+    if not isinstance(saved, dict) or not all(k.startswith(("arg:", "aux:")) for k in saved):
+        raise CheckpointError(f"checkpoint file {params_file} is damaged: it does not hold "
+                              "MXNet's 'arg:' / 'aux:' named arrays")
+    if check_finite:
+        bad = sorted(k[4:] for k, v in saved.items() if not np.all(np.isfinite(v.asnumpy())))
+        if bad:
+            raise CheckpointError(f"checkpoint file {params_file} holds NaN or infinite values "
+                                  f"in {bad}: training had diverged when it was saved; resume "
+                                  "from an earlier checkpoint")
     arg_params = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
     aux_params = {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}
-    states_file = os.path.join(path, OPTIMIZER_STATES)
-    states = None
-    if OPTIMIZER_STATES in manifest["files"]:
-        with open(states_file, "rb") as handle:
-            states = handle.read()
-    return CheckpointContents(path, arg_params, aux_params,
-                              _read_json(os.path.join(path, LOOP_STATE)), states)
+    return arg_params, aux_params
 
 
-def latest_checkpoint(directory: str) -> Optional[CheckpointContents]:
+def _check_loop_state(path: str, state: Any) -> None:
+    missing = [key for key in _LOOP_KEYS if not isinstance(state, dict) or key not in state]
+    if not missing:
+        log, status = state["log"], state["status"]
+        if not (isinstance(log, dict) and isinstance(log.get("rows"), list)
+                and isinstance(status, dict) and isinstance(status.get("iterations_done"), int)
+                and isinstance(status.get("epochs_done"), int)
+                and isinstance(state["extensions"], dict)
+                and isinstance(state["data_position"], dict)
+                and "kind" in state["data_position"]):
+            missing = ["a well-formed log, status, extensions or data_position"]
+    if missing:
+        raise CheckpointError(f"checkpoint file {path} is damaged: it lacks {missing}; use an "
+                              "earlier checkpoint")
+
+
+def _check_optimizer_states(path: str, states: bytes) -> None:
+    try:
+        loaded = pickle.loads(states)
+    except Exception as error:  # pickle raises many kinds for garbage
+        raise CheckpointError(f"checkpoint file {path} is damaged: the optimizer states do not "
+                              f"load ({type(error).__name__}: {error}); use an earlier "
+                              "checkpoint") from None
+    if not (isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[0], dict)
+            and isinstance(loaded[1], mx.optimizer.Optimizer)):
+        raise CheckpointError(f"checkpoint file {path} is damaged: it does not hold an "
+                              "optimizer and its states; use an earlier checkpoint")
+
+
+def latest_checkpoint(directory: str, *, check_finite: bool = False
+                      ) -> Optional[CheckpointContents]:
     """Return the newest whole checkpoint in ``directory``, or None if there is none.
 
     Damaged or incomplete checkpoints are skipped with a warning naming the file.
     """
     for path in reversed(list_checkpoints(directory)):
         try:
-            return read_checkpoint(path)
+            return read_checkpoint(path, check_finite=check_finite)
         except CheckpointError as error:
             warnings.warn(f"skipping a damaged checkpoint: {error}", stacklevel=2)
     return None
 
 
+# ------------------------------------------------------------ deleting, cleaning
 def remove_checkpoint(path: str) -> None:
     """Delete a checkpoint folder: rename it away first, so no half-deleted one is ever listed."""
     parent, name = os.path.split(os.path.abspath(path))
-    doomed = os.path.join(parent, f".old-{name}-{os.getpid()}")
+    doomed = os.path.join(parent, f".deleting-{name}-{_token()}")
     os.rename(path, doomed)
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def remove_stale_temporaries(directory: str) -> List[str]:
-    """Delete the half-written folders that killed processes left in ``directory``.
+def clean_temporaries(directory: str) -> List[Tuple[str, str]]:
+    """Tidy what interrupted writes left in ``directory``; call it holding its :class:`DirectoryLock`.
 
-    Only folders of processes that no longer run are removed. Returns their paths.
+    Half-written (``.tmp-``) and half-deleted (``.deleting-``) folders are
+    deleted. A retired folder (``.retired-``, a whole checkpoint being
+    replaced) is put back when nothing replaced it, deleted otherwise.
+    Returns ``(path, what was done)`` pairs.
     """
-    removed = []
+    done: List[Tuple[str, str]] = []
     if not os.path.isdir(directory):
-        return removed
-    for name in os.listdir(directory):
+        return done
+    for name in sorted(os.listdir(directory)):
         match = _TEMPORARY.match(name)
-        if match and not _process_alive(int(match.group(1))):
-            path = os.path.join(directory, name)
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
+        if not match:
+            continue
+        path = os.path.join(directory, name)
+        kind, target = match.group(1), os.path.join(directory, match.group(2))
+        if kind == "retired" and not os.path.lexists(target):
+            os.rename(path, target)
+            done.append((target, "restored (a replacement was interrupted)"))
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        done.append((path, "removed (left half-written by an interrupted run)"))
+    return done
 
 
-def _process_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+class DirectoryLock:
+    """An exclusive lock on a checkpoint directory, held while a run writes into it.
+
+    The lock is ``fcntl.flock`` on ``<directory>/.mxoid-lock``: the operating
+    system releases it when the process ends in any way (a SIGKILL included),
+    so a lock is never left stale, whatever the PID of the process (1 in a
+    container). The file says who holds it.
+
+    Raises
+    ------
+    CheckpointError
+        From :meth:`acquire`, when another process holds the lock or the
+        directory cannot be written.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, LOCK)
+        self._descriptor: Optional[int] = None
+
+    @property
+    def held(self) -> bool:
+        return self._descriptor is not None
+
+    def acquire(self) -> None:
+        if self.held:
+            return
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise CheckpointError(CANNOT_WRITE.format(
+                path=self.directory, cause=f"{error.strerror} ({error.filename})",
+                fix="make it writable, or point Checkpoint at another folder")) from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(descriptor, 4096, 0).decode(errors="replace").strip() or "unknown"
+            os.close(descriptor)
+            raise CheckpointError(LOCKED.format(directory=self.directory, holder=holder)) from None
+        try:
+            about = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, about.encode(), 0)
+            probe = os.path.join(self.directory, f".tmp-probe-{_token()}")
+            os.makedirs(probe)
+            os.rmdir(probe)
+        except OSError as error:
+            os.close(descriptor)
+            raise CheckpointError(CANNOT_WRITE.format(
+                path=self.directory, cause=f"{error.strerror} ({error.filename or self.path})",
+                fix="make it writable, or point Checkpoint at another folder")) from None
+        self._descriptor = descriptor
+
+    def release(self) -> None:
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
 
 
-def _read_json(path: str) -> Dict[str, Any]:
+# ------------------------------------------------------------------- helpers
+def _read_json(path: str) -> Any:
     try:
         with open(path) as handle:
             return json.load(handle)

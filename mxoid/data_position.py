@@ -7,8 +7,8 @@ same order of samples, same next batch. How depends on the iterator:
   (each ``reset()`` permutes the already permuted data), so its current
   order is kept as a permutation of the order it had when training started
   (which a freshly built, identically seeded iterator has again), together
-  with its ``idx`` and ``cursor``. ``last_batch_handle='roll_over'`` keeps
-  rows across epochs and is replayed instead.
+  with its ``idx`` and ``cursor``. With ``last_batch_handle='roll_over'``
+  the rows an epoch left over for the next are taken again from that order.
 - An iterator with ``state_dict()`` / ``load_state_dict()`` methods restores
   itself.
 - Any other iterator is replayed: NumPy's and Python's random states of the
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import random
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import mxnet as mx
 import numpy as np
@@ -45,7 +45,11 @@ def set_random_states(state: Dict[str, Any]) -> None:
 
 
 def _repositionable(iterator: Any) -> bool:
-    return isinstance(iterator, mx.io.NDArrayIter) and iterator.last_batch_handle != "roll_over"
+    return isinstance(iterator, mx.io.NDArrayIter)
+
+
+def _shapes(iterator: Any) -> List[List[Any]]:
+    return [[d[0], list(d[1])] for d in list(iterator.provide_data) + list(iterator.provide_label or [])]
 
 
 class DataPosition:
@@ -78,13 +82,36 @@ class DataPosition:
     def state_dict(self) -> Dict[str, Any]:
         """Return the position (JSON-ready). Called at a checkpoint."""
         it = self.iterator
+        shapes = _shapes(it)
         if self._direct:
             return {"kind": "ndarrayiter", "cursor": int(it.cursor),
-                    "idx": np.asarray(it.idx).tolist(),
-                    "order": None if self._order is None else self._order.tolist()}
+                    "idx": np.asarray(it.idx).tolist(), "num_data": int(it.num_data),
+                    "order": None if self._order is None else self._order.tolist(),
+                    "rolled_over": it._cache_data is not None or it._cache_label is not None,
+                    "shapes": shapes}
         if hasattr(it, "state_dict") and hasattr(it, "load_state_dict"):
-            return {"kind": "own", "state": it.state_dict()}
-        return {"kind": "replay", "epoch_start_random": self._epoch_start_random}
+            return {"kind": "own", "state": it.state_dict(), "shapes": shapes}
+        return {"kind": "replay", "epoch_start_random": self._epoch_start_random, "shapes": shapes}
+
+    def check(self, state: Dict[str, Any], where: str) -> None:
+        """Raise ``ValueError`` when this iterator is not the one of ``state``: other inputs or
+        shapes, another kind, or (``NDArrayIter``) another number of samples."""
+        from .resumption import ResumeError  # the error of resumption checks
+
+        def refuse(what: str) -> None:
+            raise ResumeError(f"checkpoint {where} was trained on other data: {what}. Resume "
+                              "with the training iterator built as for the interrupted run")
+
+        if state.get("shapes") is not None and state["shapes"] != _shapes(self.iterator):
+            refuse(f"its inputs were {state['shapes']}, this iterator gives "
+                   f"{_shapes(self.iterator)}")
+        kind = "ndarrayiter" if self._direct else None
+        if state["kind"] == "ndarrayiter" and kind != "ndarrayiter":
+            refuse(f"it was an mx.io.NDArrayIter, this is a {type(self.iterator).__name__}")
+        if kind == "ndarrayiter" and state["kind"] == "ndarrayiter":
+            saved = state.get("num_data", len(state["idx"]))
+            if saved != self.iterator.num_data:
+                refuse(f"it had {saved} samples, this iterator has {self.iterator.num_data}")
 
     def restore(self, state: Dict[str, Any], epochs_done: int, epoch_started: bool,
                 batches_done_in_epoch: int) -> None:
@@ -112,15 +139,14 @@ class DataPosition:
         order = state["order"]
         if order is not None:
             self._order = np.asarray(order, dtype=np.int64)
-            if len(self._order) != it.num_data:
-                raise ValueError(
-                    f"the checkpoint's training iterator had {len(self._order)} samples, "
-                    f"this one has {it.num_data}; resume with the same training data")
             it.data = [(name, _take(array, self._order)) for name, array in it.data]
             it.label = [(name, _take(array, self._order)) for name, array in it.label]
             it.data_list = [x[1] for x in it.data] + [x[1] for x in it.label]
         it.idx = np.asarray(state["idx"], dtype=it.idx.dtype)
         it.cursor = int(state["cursor"])
+        if state.get("rolled_over"):  # the rows the epoch left over, as NDArrayIter keeps them
+            it._cache_data = it._batchify(it.data)
+            it._cache_label = it._batchify(it.label)
 
     def _replay(self, epoch_start_random: Optional[Dict[str, Any]], epochs_done: int,
                 epoch_started: bool, batches_done_in_epoch: int) -> None:

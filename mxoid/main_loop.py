@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import signal
 import sys
+import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
@@ -22,10 +24,13 @@ from .extensions.base import Extension
 from .initialization import initial_params
 from .interrupt import InterruptHandlers
 from .log import TrainingLog, TrainingStatus
+from .extensions.saveload import Checkpoint
 from .resumption import (
+    check_compatible,
     checkpoint_folder,
     find_checkpoint,
     loop_state,
+    optimizer_settings,
     optimizer_states,
     restore_loop,
 )
@@ -150,66 +155,90 @@ class MainLoop:
                  work_load_list: Optional[Sequence[float]] = None,
                  extensions: Sequence[Extension] = (), resume_from: Optional[str] = None,
                  exit_on_interrupt: bool = True) -> None:
+        given_kvstore = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
+        try:
+            self._check_inputs(symbol, train_data, initializer)
+            self.extensions = _check_extensions(extensions)
+            self.symbol = symbol
+            self.train_data = train_data
+            self.contexts = _check_contexts(contexts)
+            self.exit_on_interrupt = exit_on_interrupt
+            self.run_id = uuid.uuid4().hex
+            self.manager = DataParallelExecutorManager(
+                symbol, self.contexts, train_data.provide_data, train_data.provide_label,
+                work_load_list=work_load_list)
+            self.kvstore, self.update_on_kvstore = create_kvstore(
+                kvstore, len(self.contexts), update_on_kvstore)
+            self.data_position = DataPosition(train_data)
+            checkpoint = find_checkpoint(
+                resume_from, [e.directory for e in self.extensions if isinstance(e, Checkpoint)],
+                functools.partial(check_compatible, self))
+            if checkpoint is not None:
+                arg_params, aux_params = checkpoint.arg_params, checkpoint.aux_params
+            self._set_up_training(initializer, arg_params, aux_params, optimizer,
+                                  optimizer_params)
+            self.log = TrainingLog()
+            self.status: TrainingStatus = self.log.status
+            if self.kvstore is not None:
+                self.status.rank = self.kvstore.rank
+                self.status.num_workers = self.kvstore.num_workers
+            self.current_batch: Optional[mx.io.DataBatch] = None
+            for extension in self.extensions:
+                extension.main_loop = self
+            self.dispatcher = HookDispatcher(self.extensions, rank=self.status.rank)
+            self.resumed_from: Optional[str] = None
+            if checkpoint is not None:
+                restore_loop(self, checkpoint)
+                self.resumed_from = checkpoint.path
+        except BaseException as error:
+            kv = getattr(self, "kvstore", None) or given_kvstore
+            if is_distributed(kv):  # the other workers would wait for this one forever
+                exit_after_error(error, kv.rank)
+            raise
+
+    # ----------------------------------------------------------------- setup
+    @staticmethod
+    def _check_inputs(symbol: Any, train_data: Any, initializer: Any) -> None:
         if not isinstance(symbol, mx.sym.Symbol):
             raise TypeError(f"symbol must be an mx.sym.Symbol, not {type(symbol).__name__}")
         for attribute in ("provide_data", "provide_label", "reset"):
             if not hasattr(train_data, attribute):
                 raise TypeError(f"train_data must be an mx.io.DataIter (it has no {attribute}); "
                                 f"got {type(train_data).__name__}")
-        self.extensions = _check_extensions(extensions)
-        if contexts is None:
-            contexts = [mx.cpu()]
-        elif isinstance(contexts, mx.Context):
-            contexts = [contexts]
-        self.symbol = symbol
-        self.train_data = train_data
-        self.contexts = list(contexts)
-        self.manager = DataParallelExecutorManager(
-            symbol, self.contexts, train_data.provide_data, train_data.provide_label,
-            work_load_list=work_load_list)
-        self.exit_on_interrupt = exit_on_interrupt
-        checkpoint = find_checkpoint(resume_from)
-        if checkpoint is not None:
-            arg_params, aux_params = checkpoint.arg_params, checkpoint.aux_params
-        arg_values, aux_values = initial_params(self.manager, symbol, initializer,
+        if initializer is not None and not isinstance(initializer, mx.init.Initializer):
+            raise TypeError(f"initializer must be an mx.init.Initializer such as "
+                            f"mx.init.Xavier(), not {type(initializer).__name__} "
+                            f"({initializer!r})")
+
+    def _set_up_training(self, initializer: Optional[mx.init.Initializer],
+                         arg_params: Optional[Mapping[str, mx.nd.NDArray]],
+                         aux_params: Optional[Mapping[str, mx.nd.NDArray]],
+                         optimizer: Union[str, mx.optimizer.Optimizer],
+                         optimizer_params: Optional[Dict[str, Any]]) -> None:
+        """Initial parameters on the devices, the optimizer, the kvstore and the updater."""
+        manager = self.manager
+        arg_values, aux_values = initial_params(manager, self.symbol, initializer,
                                                  arg_params, aux_params)
         # Before the kvstore is initialized: with several devices it holds
         # the master copy, which would overwrite values set later.
-        self.manager.set_params(arg_values, aux_values)
-
-        num_devices = len(self.contexts)
-        self.kvstore, self.update_on_kvstore = create_kvstore(kvstore, num_devices, update_on_kvstore)
+        manager.set_params(arg_values, aux_values)
         self.optimizer = create_optimizer(
-            optimizer, optimizer_params, symbol=symbol, param_names=self.manager.param_names,
-            num_devices=num_devices, batch_size=self.manager.batch_size, kvstore=self.kvstore,
+            optimizer, optimizer_params, symbol=self.symbol, param_names=manager.param_names,
+            num_devices=len(self.contexts), batch_size=manager.batch_size, kvstore=self.kvstore,
             update_on_kvstore=self.update_on_kvstore)
+        self.optimizer_settings = optimizer_settings(self.optimizer)
         if self.kvstore is not None:
-            initialize_kvstore(self.kvstore, self.manager.param_arrays, arg_values,
-                               self.manager.param_names, self.update_on_kvstore,
-                               kvstore_keys(self.kvstore, self.manager.param_names))
+            initialize_kvstore(self.kvstore, manager.param_arrays, arg_values,
+                               manager.param_names, self.update_on_kvstore,
+                               kvstore_keys(self.kvstore, manager.param_names))
             if is_distributed(self.kvstore):  # the servers' optimizer, equal steps, reductions
                 prepare_workers(self.kvstore, self.optimizer if self.update_on_kvstore else None,
-                                len(self.manager.param_names), train_data, self.extensions)
+                                len(manager.param_names), self.train_data, self.extensions)
             elif self.update_on_kvstore:
                 # What kvstore.set_optimizer does on one machine, with the faster updater.
                 self.kvstore._set_updater(create_updater(self.optimizer))
         self.updater = None if self.update_on_kvstore else create_updater(self.optimizer)
         self._update = self._make_update()
-
-        self.log = TrainingLog()
-        self.status: TrainingStatus = self.log.status
-        if self.kvstore is not None:
-            self.status.rank = self.kvstore.rank
-            self.status.num_workers = self.kvstore.num_workers
-        self.current_batch: Optional[mx.io.DataBatch] = None
-        self.data_position = DataPosition(train_data)
-        for extension in self.extensions:
-            extension.main_loop = self
-        self.dispatcher = HookDispatcher(self.extensions, rank=self.status.rank)
-        self.resumed_from: Optional[str] = None
-        if checkpoint is not None:
-            restore_loop(self, checkpoint)
-            self.resumed_from = checkpoint.path
 
     # ----------------------------------------------------------------- setup
     def _make_update(self):
@@ -395,7 +424,39 @@ class MainLoop:
             print(f"{name:<24}{hook:<18}{calls:>10}{seconds:>12.4f}{per_call:>10.1f}")
 
 
+def _check_contexts(contexts: Any) -> List[mx.Context]:
+    if contexts is None:
+        return [mx.cpu()]
+    if isinstance(contexts, mx.Context):
+        contexts = [contexts]
+    if isinstance(contexts, (str, bytes)) or not isinstance(contexts, (list, tuple)):
+        raise TypeError(f"contexts must be an mx.Context or a list of them, e.g. [mx.cpu()] or "
+                        f"[mx.gpu(0), mx.gpu(1)]; got {contexts!r}")
+    contexts = list(contexts)
+    for context in contexts:
+        if not isinstance(context, mx.Context):
+            raise TypeError(f"contexts must be mx.Context objects such as mx.cpu() or "
+                            f"mx.gpu(0); got {context!r} in {contexts!r}")
+    gpus = [c for c in contexts if c.device_type == "gpu"]
+    if gpus:
+        available = mx.context.num_gpus()
+        missing = [c for c in gpus if c.device_id >= available]
+        if missing:
+            where = ("this MXNet is a CPU-only build (install a CUDA build, e.g. mxnet-cu112, "
+                     "or use mx.cpu())" if available == 0 else f"this machine has {available}")
+            raise ValueError(f"contexts {missing} name GPUs that do not exist: {where}")
+    if len(set(map(str, contexts))) != len(contexts):
+        raise ValueError(f"contexts {contexts} name a device twice; give each device once")
+    return contexts
+
+
 def _check_extensions(extensions: Sequence[Extension]) -> List[Extension]:
+    if isinstance(extensions, Extension):
+        raise TypeError(f"extensions must be a list of extensions; got a single "
+                        f"{type(extensions).__name__}: pass extensions=[{extensions.name}(...)]")
+    if isinstance(extensions, (str, bytes)) or not hasattr(extensions, "__iter__"):
+        raise TypeError(f"extensions must be a list of mxoid.Extension objects, not "
+                        f"{type(extensions).__name__}")
     extensions = list(extensions)
     for extension in extensions:
         if not isinstance(extension, Extension):
@@ -403,4 +464,16 @@ def _check_extensions(extensions: Sequence[Extension]) -> List[Extension]:
                             f"{type(extension).__name__} ({extension!r})")
     if not any(extension.stops_training for extension in extensions):
         raise ValueError(NOTHING_STOPS)
+    for attribute, what in (("path", "log file"), ("directory", "checkpoint directory")):
+        seen: Dict[str, Extension] = {}
+        for extension in extensions:
+            value = getattr(extension, attribute, None)
+            if not isinstance(value, str):
+                continue
+            key = os.path.abspath(value)
+            if key in seen:
+                raise ValueError(f"{seen[key].name} and {extension.name} both write the "
+                                 f"{what} {value}: they would overwrite each other; give each "
+                                 "its own")
+            seen[key] = extension
     return extensions

@@ -8,6 +8,7 @@ sums them through it and runs one local updater per device
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
@@ -100,19 +101,17 @@ def create_optimizer(optimizer: Union[str, mx.optimizer.Optimizer],
     else:
         idx2name = {i * num_devices + k: name
                     for i, name in enumerate(param_names) for k in range(num_devices)}
+    synchronous = kvstore is not None and "dist" in kvstore.type and "async" not in kvstore.type
+    workers = kvstore.num_workers if synchronous else 1
+    rescale_grad = 1.0 / (batch_size * workers)
     if isinstance(optimizer, mx.optimizer.Optimizer):
-        optimizer.idx2name = idx2name.copy()
-        optimizer.set_wd_mult({})
-        optimizer.set_lr_mult({})
-        return optimizer
+        return _adopt_optimizer(optimizer, idx2name, symbol, rescale_grad)
     if not isinstance(optimizer, str):
         raise TypeError(f"optimizer must be a name or an mx.optimizer.Optimizer, "
                         f"not {type(optimizer).__name__}")
     params = dict(optimizer_params or {})
     if "rescale_grad" not in params:
-        synchronous = kvstore is not None and "dist" in kvstore.type and "async" not in kvstore.type
-        workers = kvstore.num_workers if synchronous else 1
-        params["rescale_grad"] = 1.0 / (batch_size * workers)
+        params["rescale_grad"] = rescale_grad
     known = sorted(mx.optimizer.Optimizer.opt_registry)
     if optimizer.lower() not in known:
         raise ValueError(f"unknown optimizer {optimizer!r}; MXNet knows {known}")
@@ -120,6 +119,31 @@ def create_optimizer(optimizer: Union[str, mx.optimizer.Optimizer],
         return mx.optimizer.create(optimizer, sym=symbol, param_idx2name=idx2name, **params)
     except TypeError as error:
         raise ValueError(f"optimizer {optimizer!r} rejects optimizer_params {params}: {error}") from None
+
+
+def _adopt_optimizer(optimizer: mx.optimizer.Optimizer, idx2name: Dict[int, str],
+                     symbol: mx.sym.Symbol, rescale_grad: float) -> mx.optimizer.Optimizer:
+    """Use an optimizer the user created, as ``Module.init_optimizer`` does, keeping its
+    multipliers.
+
+    Its index-to-name map becomes the loop's (the indices the update functions
+    use). Its own ``lr_mult`` / ``wd_mult`` (``set_lr_mult``, ``set_wd_mult``)
+    are kept; the symbol's ``lr_mult`` / ``wd_mult`` attributes apply to the
+    parameters they leave out. A ``rescale_grad`` other than ``1 / batch_size``
+    gets the warning ``Module`` gives.
+    """
+    if optimizer.rescale_grad != rescale_grad:
+        warnings.warn(f"Optimizer created manually outside MainLoop but rescale_grad is not "
+                      f"normalized to 1.0/batch_size/num_workers ({optimizer.rescale_grad} vs. "
+                      f"{rescale_grad}). Is this intended?", stacklevel=3)
+    optimizer.idx2name = idx2name.copy()
+    attributes = symbol.attr_dict()
+    for name in set(idx2name.values()):
+        for key, multipliers in (("__lr_mult__", optimizer.lr_mult),
+                                 ("__wd_mult__", optimizer.wd_mult)):
+            if key in attributes.get(name, {}) and name not in multipliers:
+                multipliers[name] = float(attributes[name][key])
+    return optimizer
 
 
 def kvstore_keys(kvstore: Optional[mx.kvstore.KVStore], param_names: Sequence[str]) -> List[Union[int, str]]:

@@ -86,7 +86,8 @@ def test_digits_defaults_reach_95_percent(tmp_path):
     assert "Traceback" not in err
     stop = [row["training_finish_requested"] for row in rows if "training_finish_requested" in row]
     assert stop and ("EarlyStopping" in stop[0] or "FinishAfter" in stop[0])
-    folders = sorted(path.name for path in (tmp_path / "run" / "checkpoints").iterdir())
+    folders = sorted(path.name for path in (tmp_path / "run" / "checkpoints").iterdir()
+                     if path.is_dir())
     assert folders[0] == "best" and len(folders) == 3  # keep_last=2, and the best
     epochs = len(test_accuracy)
     assert folders[-1].startswith(f"checkpoint-{epochs:06d}-epoch{epochs:04d}")

@@ -4,19 +4,31 @@ from __future__ import annotations
 import logging
 import os
 import zlib
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import mxnet as mx
 
-from ..checkpoint import (checkpoint_name, list_checkpoints, remove_checkpoint,
-                          remove_stale_temporaries, write_checkpoint)
+from ..checkpoint import (CheckpointError, DirectoryLock, checkpoint_name, clean_temporaries,
+                          list_checkpoints, next_sequence, read_manifest, remove_checkpoint,
+                          write_checkpoint)
 from .base import Extension
+from .records import MISSING, RecordReader, to_float
+from .selection import BestValue
 
 __all__ = ["Checkpoint"]
 
 logger = logging.getLogger(__name__)
 
 _HIGHER_IS_BETTER = ("acc", "f1", "auc", "precision", "recall", "top_k")
+CHECKPOINT_SAVED_TO = "checkpoint_saved_to"
+BEST = "best"
+
+OTHER_RUN = (
+    "checkpoint directory {directory} already holds checkpoints of another run (newest: "
+    "{newest}). A new run there would prune them, and a later resume_from={directory!r} could "
+    "continue the wrong run. Resume that run with MainLoop(..., resume_from={directory!r}), "
+    "give this run another directory, or pass Checkpoint(..., require_empty=False) to write "
+    "beside them (this run then never deletes them)")
 
 
 class Checkpoint(Extension):
@@ -26,7 +38,21 @@ class Checkpoint(Extension):
     (format in :mod:`mxoid.checkpoint`): the parameters in MXNet's own format,
     the optimizer states, the loop status and log, every extension's state,
     the random states and the training iterator's position. Resume with
-    ``MainLoop(..., resume_from=directory)``.
+    ``MainLoop(..., resume_from=directory)``. ``<seq>`` counts the saves into
+    the directory in the order they were written.
+
+    The directory belongs to one run at a time: while training, the
+    extension holds a lock on it (a second process writing into it gets a
+    clear error), and a new run refuses a directory that holds checkpoints
+    of another run (unless ``require_empty=False``). ``keep_last`` deletes
+    only this run's older checkpoints. Checks happen when training starts:
+    an unwritable directory is reported then, not at the first save.
+
+    A save is recorded (``checkpoint_saved_to`` in the log) only once its
+    folder is in place; a save that fails (full disk, read-only folder, a
+    file in the way, a file size limit) raises :class:`CheckpointError`
+    saying why and what to do, leaves no half-written folder behind, and
+    leaves the previous checkpoints whole.
 
     MXNet 1.x cannot report the state of its own random generator (dropout
     masks, random augmentation on the device). So that a resumed run draws
@@ -37,24 +63,29 @@ class Checkpoint(Extension):
 
     Parameters
     ----------
-    directory : str
+    directory : str or path-like
         Where checkpoints go; created if needed.
     every_n_epochs : int or None, default 1
         Save after every n epochs.
     every_n_batches : int, optional
         Also save every n batches, in the middle of epochs.
     keep_last : int or None, default 3
-        Keep the newest ``keep_last`` checkpoints, delete older ones. None keeps all.
+        Keep this run's newest ``keep_last`` checkpoints, delete its older
+        ones. None keeps all.
     save_best_of : str, optional
         A log record (e.g. ``'valid_accuracy'``): whenever it improves, the
         state is also saved to ``<directory>/best`` (never deleted by
-        ``keep_last``).
+        ``keep_last``), and the row gets ``<record>_best_checkpoint``. The
+        periodic checkpoint of that row already knows the new best.
     best_mode : {'auto', 'min', 'max'}, default 'auto'
         Whether lower or higher ``save_best_of`` is better; 'auto' means
         higher for names with accuracy, f1, auc, precision or recall, lower
         otherwise (as Keras' ModelCheckpoint).
-    prefix : str, default 'model'
-        File prefix of the MXNet files inside a checkpoint.
+    require_empty : bool, default True
+        Refuse a directory holding checkpoints of another run. False writes
+        beside them; ``resume_from`` then takes the newest written.
+    prefix : {'model'}
+        The prefix of the MXNet files inside a checkpoint; always ``model``.
     **kwargs
         Further firing conditions of :class:`Extension`. Saves also happen
         after training and on interruption (Ctrl-C, SIGTERM); never after an
@@ -65,6 +96,8 @@ class Checkpoint(Extension):
     ----------
     last_saved : str or None
         The folder of the newest checkpoint.
+    best : BestValue
+        The best value of ``save_best_of`` so far.
 
     Examples
     --------
@@ -75,14 +108,20 @@ class Checkpoint(Extension):
 
     rank_zero_only = True
 
-    def __init__(self, directory: str, every_n_epochs: Optional[int] = 1,
+    def __init__(self, directory: "os.PathLike[str] | str", every_n_epochs: Optional[int] = 1,
                  every_n_batches: Optional[int] = None, keep_last: Optional[int] = 3,
                  save_best_of: Optional[str] = None, best_mode: str = "auto",
-                 prefix: str = "model", **kwargs: Any) -> None:
-        if keep_last is not None and keep_last < 1:
+                 require_empty: bool = True, prefix: str = "model", **kwargs: Any) -> None:
+        if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
+            raise ValueError(f"Checkpoint needs a directory, a non-empty path; got {directory!r}")
+        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
+                                      or keep_last < 1):
             raise ValueError(f"keep_last must be at least 1 (or None to keep all), got {keep_last}")
         if best_mode not in ("auto", "min", "max"):
             raise ValueError(f"best_mode must be 'auto', 'min' or 'max', got {best_mode!r}")
+        if prefix != "model":
+            raise ValueError("the MXNet files inside a checkpoint are always named model-*: "
+                             f"prefix={prefix!r} is not supported")
         kwargs.setdefault("priority", 200)
         kwargs.setdefault("after_training", True)
         kwargs.setdefault("on_interrupt", True)
@@ -91,44 +130,99 @@ class Checkpoint(Extension):
         if every_n_batches:
             kwargs.setdefault("every_n_batches", every_n_batches)
         super().__init__(**kwargs)
-        self.directory = directory
+        self.directory = os.path.abspath(os.fspath(directory))
         self.keep_last = keep_last
+        self.require_empty = require_empty
         self.save_best_of = save_best_of
         if best_mode == "auto":
             best_mode = "max" if save_best_of and any(
                 word in save_best_of.lower() for word in _HIGHER_IS_BETTER) else "min"
         self.best_mode = best_mode
+        self.best = BestValue(best_mode)
+        self._best_reader = RecordReader(save_best_of) if save_best_of else None
         self.prefix = prefix
         self.sequence = 0
-        self.best_value: Optional[float] = None
         self.last_saved: Optional[str] = None
         self._last_counters: Optional[list] = None
+        self._lock = DirectoryLock(self.directory)
+
+    # ------------------------------------------------------------- the run
+    @property
+    def best_value(self) -> Optional[float]:
+        """The best value of ``save_best_of`` so far (``best.value``)."""
+        return self.best.value
 
     def before_training(self) -> None:
+        self._start()
         super().before_training()
-        self._clean()
 
     def on_resumption(self) -> None:
+        self._start()
         super().on_resumption()
-        self._clean()
 
-    def _clean(self) -> None:
-        for path in remove_stale_temporaries(self.directory):
-            logger.warning("removed %s, left half-written by a process that was killed", path)
+    def _start(self) -> None:
+        self._lock.acquire()
+        try:
+            for path, what in clean_temporaries(self.directory):
+                logger.warning("%s %s", path, what)
+            if self.require_empty:
+                others = self._other_runs()
+                if others:
+                    raise CheckpointError(OTHER_RUN.format(directory=self.directory,
+                                                           newest=others[-1]))
+        except BaseException:
+            self._lock.release()
+            raise
 
+    def _run_of(self, path: str) -> Optional[str]:
+        try:
+            return read_manifest(path).get("run_id")
+        except CheckpointError:
+            return None
+
+    def _other_runs(self) -> List[str]:
+        """Checkpoint folders here (``best`` included) that this run did not write."""
+        mine = self.main_loop.run_id
+        folders = list_checkpoints(self.directory)
+        best = os.path.join(self.directory, BEST)
+        if os.path.isdir(best):
+            folders.append(best)
+        return [path for path in folders if self._run_of(path) != mine]
+
+    def after_training(self) -> None:
+        try:
+            super().after_training()
+        finally:
+            self._lock.release()
+
+    def on_error(self, exception: BaseException) -> None:
+        self._lock.release()
+
+    # --------------------------------------------------------------- firing
     def do(self, which_callback: str, *args: Any) -> None:
         self.save()
 
     def after_batch(self, batch: Any) -> None:
+        improved = self._note_best()
         super().after_batch(batch)
-        self._save_if_best()
+        if improved:
+            self._save_best()
 
     def after_epoch(self) -> None:
+        improved = self._note_best()
         super().after_epoch()
-        self._save_if_best()
+        if improved:
+            self._save_best()
 
+    # --------------------------------------------------------------- saving
     def save(self) -> Optional[str]:
-        """Save a checkpoint now; return its folder (None when skipped)."""
+        """Save a checkpoint now; return its folder (None when skipped).
+
+        Raises
+        ------
+        CheckpointError
+            When it cannot be written; nothing is recorded then.
+        """
         loop = self.main_loop
         status = loop.status
         row = loop.log.current_row
@@ -138,60 +232,84 @@ class Checkpoint(Extension):
         counters = [status.iterations_done, status.epochs_done, status.epoch_started]
         if counters == self._last_counters:
             return self.last_saved
-        self._last_counters = counters
-        path = self._write(os.path.join(self.directory, checkpoint_name(
-            self.sequence + 1, status.epochs_done, status.iterations_done)))
+        sequence = next_sequence(self.directory)
+        path = os.path.join(self.directory, checkpoint_name(
+            sequence, status.epochs_done, status.iterations_done))
+        self._write(path, sequence, record=CHECKPOINT_SAVED_TO)
+        logger.info("checkpoint saved to %s", path)
         self._prune()
         return path
 
-    def _write(self, path: str) -> str:
+    def _write(self, path: str, sequence: Optional[int], record: Optional[str]) -> None:
+        """Write the loop's state to ``path``; the row's ``record`` holds ``path`` in the saved
+        log, and stays in the live log only when the write succeeded."""
         loop = self.main_loop
         status = loop.status
-        self.sequence += 1
-        self.last_saved = path
-        loop.log.current_row["checkpoint_saved_to"] = path
+        row = loop.log.current_row
+        previous = row.get(record, MISSING) if record else MISSING
+        saved_state = (self.sequence, self.last_saved, self._last_counters)
+        if record:
+            row[record] = path
+            self.sequence, self.last_saved = sequence or self.sequence, path
+            self._last_counters = [status.iterations_done, status.epochs_done,
+                                   status.epoch_started]
         seed = zlib.crc32(f"{status.iterations_done}:{status.epochs_done}".encode()) & 0x7FFFFFFF
-        state = loop.state_dict()
-        state["mxnet_seed"] = seed
-        arg_params, aux_params = loop.get_params()
-        write_checkpoint(path, loop.symbol, arg_params, aux_params, state, loop.optimizer_states())
-        mx.random.seed(seed)
-        logger.info("checkpoint saved to %s", path)
-        return path
-
-    def _save_if_best(self) -> None:
-        if not self.save_best_of:
-            return
-        log = self.main_loop.log
-        row = log.get(self.main_loop.status.iterations_done)  # never create an empty row
-        if not row or self.save_best_of not in row:
-            return
-        value = float(row[self.save_best_of])
-        if value != value:  # NaN never improves
-            return
-        better = (self.best_value is None or
-                  (value > self.best_value if self.best_mode == "max" else value < self.best_value))
-        if better:
-            self.best_value = value
-            row[f"{self.save_best_of}_best_checkpoint"] = value
-            loop = self.main_loop
+        try:
             state = loop.state_dict()
+            state["mxnet_seed"] = seed
             arg_params, aux_params = loop.get_params()
-            write_checkpoint(os.path.join(self.directory, "best"), loop.symbol, arg_params,
-                             aux_params, state, loop.optimizer_states())
+            write_checkpoint(path, loop.symbol, arg_params, aux_params, state,
+                             loop.optimizer_states(), run_id=loop.run_id, sequence=sequence)
+        except BaseException:
+            if record:
+                self.sequence, self.last_saved, self._last_counters = saved_state
+                if previous is MISSING:
+                    loop.log.remove_record(status.iterations_done, record)
+                else:
+                    row[record] = previous
+            raise
+        mx.random.seed(seed)
+
+    def _note_best(self) -> bool:
+        """Take a new value of ``save_best_of``; True (and the row marked) when it improved."""
+        if self._best_reader is None:
+            return False
+        log = self.main_loop.log
+        value = self._best_reader.read(log)
+        if value is MISSING:
+            return False
+        if not self.best.update(to_float(value, self.save_best_of), log.status.iterations_done):
+            return False
+        log.current_row[f"{self.save_best_of}_best_checkpoint"] = self.best.value
+        return True
+
+    def _save_best(self) -> None:
+        path = os.path.join(self.directory, BEST)
+        self._write(path, None, record=None)
+        logger.info("best %s = %g: saved to %s", self.save_best_of, self.best.value, path)
 
     def _prune(self) -> None:
         if self.keep_last is None:
             return
-        for path in list_checkpoints(self.directory)[:-self.keep_last]:
+        mine = [path for path in list_checkpoints(self.directory)
+                if self._run_of(path) == self.main_loop.run_id]
+        for path in mine[:-self.keep_last]:
             remove_checkpoint(path)
 
+    # ---------------------------------------------------------------- state
     def state_dict(self) -> Dict[str, Any]:
-        return {"sequence": self.sequence, "best_value": self.best_value,
+        reader = self._best_reader
+        return {"sequence": self.sequence, "best": self.best.state_dict(),
+                "best_checked_iteration": None if reader is None else reader.checked_iteration,
                 "last_saved": self.last_saved, "last_counters": self._last_counters}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.sequence = state["sequence"]
-        self.best_value = state["best_value"]
+        if "best" in state:
+            self.best.load_state_dict(state["best"])
+        else:  # checkpoints of mxoid 0.1
+            self.best.value = state.get("best_value")
+        if self._best_reader is not None:
+            self._best_reader.checked_iteration = state.get("best_checked_iteration")
         self.last_saved = state["last_saved"]
         self._last_counters = state["last_counters"]

@@ -91,6 +91,21 @@ class TrainingLog(Mapping):
         found = self._latest.get(name)
         return None if found is None else found[0]
 
+    def remove_record(self, iteration: int, name: str) -> None:
+        """Delete record ``name`` from the row of ``iteration`` (an undo: e.g. a checkpoint
+        whose write failed takes back its ``checkpoint_saved_to``)."""
+        row = self._rows.get(iteration)
+        if row is None or name not in row:
+            return
+        dict.__delitem__(row, name)
+        latest = self._latest.get(name)
+        if latest is not None and latest[0] == iteration:
+            del self._latest[name]
+            for other in sorted(self._rows, reverse=True):
+                if name in self._rows[other]:
+                    self._latest[name] = (other, self._rows[other][name])
+                    break
+
     def record_names(self) -> List[str]:
         """Names of every record written so far, sorted."""
         return sorted(self._latest)
