@@ -337,23 +337,36 @@ def pull_parameters(kvstore: mx.kv.KVStore, param_names: Sequence[str],
 
 
 def exit_after_error(error: BaseException, rank: int) -> NoReturn:
-    """Report ``error`` on stderr and end this worker with status 1, now.
+    """Report ``error`` on stderr and end this worker now: status 1, the code of a
+    ``SystemExit`` (1 for 0: ending alone is a failure), 130 for ``KeyboardInterrupt``.
 
     A worker that raises would otherwise hang at interpreter exit in
     ps-lite's finalize barrier, waiting for workers that wait for it. Output
     buffers and logging handlers are flushed, then the process ends with
-    ``os._exit(1)``; a launcher (``mxoid launch``) then stops the others.
+    ``os._exit``; a launcher (``mxoid launch``) then stops the others.
     """
-    traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
-    print(f"mxoid: worker of rank {rank} failed ({type(error).__name__}: {error}); exiting "
-          "without waiting for the other workers", file=sys.stderr)
+    status = 1
+    if isinstance(error, SystemExit):
+        # Exiting alone, even with status 0, leaves the other workers waiting for this one.
+        status = error.code if isinstance(error.code, int) and error.code else 1
+        print(f"mxoid: worker of rank {rank} called sys.exit({error.code!r}) during training; "
+              f"exiting with status {status} without waiting for the other workers, which "
+              "cannot go on without it", file=sys.stderr)
+    elif isinstance(error, KeyboardInterrupt):
+        status = 128 + 2
+        print(f"mxoid: worker of rank {rank} was interrupted (KeyboardInterrupt); exiting "
+              "without waiting for the other workers", file=sys.stderr)
+    else:
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+        print(f"mxoid: worker of rank {rank} failed ({type(error).__name__}: {error}); exiting "
+              "without waiting for the other workers", file=sys.stderr)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(1)
+    os._exit(status)
 
 
 def run_server(role: str) -> None:

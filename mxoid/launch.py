@@ -38,7 +38,7 @@ import sys
 import time
 from typing import BinaryIO, List, Optional, Sequence
 
-from .launch_processes import EXIT_FAILURE, SCHEDULER_START_SECONDS, Job
+from .launch_processes import DEFAULT_STALL_TIMEOUT, EXIT_FAILURE, SCHEDULER_START_SECONDS, Job
 
 __all__ = ["launch", "main"]
 
@@ -60,9 +60,19 @@ one-line reason: the failed worker's status, 128+N when a worker was killed
 by signal N, 124 after --timeout or --stall-timeout, 1 when the scheduler or
 a server failed.
 
---stall-timeout S: the job is stalled when, for S seconds, no process wrote
-any output and no process used any CPU time (processes blocked on a dead
-peer sit at exactly 0% CPU); it is then stopped like a failure.
+--stall-timeout S (default 300; 0: never): the job is stalled when, for S
+seconds, no process wrote any output and no process used any CPU time
+(processes blocked on a dead peer sit at exactly 0% CPU); it is then stopped
+like a failure.
+
+Ctrl-C or SIGTERM to the launcher is passed on to every worker, which stops
+training cleanly as a single process would (Ctrl-C: at the end of the epoch;
+SIGTERM or a second Ctrl-C: after the batch the workers agree on), saves its
+checkpoint and exits with 130 or 143; the launcher then exits with that
+status. A third one ends everything at once. A worker that exits on a signal
+gives the others 60 s to stop too; a worker that exits with status 0 while
+the others keep running for 30 s more has left them waiting for it, which
+is a failure.
 
 Several hosts: not supported (there is no --hosts). Start the processes
 yourself; each needs DMLC_PS_ROOT_URI (the scheduler's address),
@@ -73,7 +83,8 @@ Workers: DMLC_ROLE=worker python train.py. Nothing then watches them."""
 
 
 def launch(command: Sequence[str], num_workers: int, num_servers: int = 1, *,
-           timeout: Optional[float] = None, stall_timeout: Optional[float] = None,
+           timeout: Optional[float] = None,
+           stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT,
            grace: float = 3.0, stdout: Optional[BinaryIO] = None,
            stderr: Optional[BinaryIO] = None) -> int:
     """Run ``command`` as ``num_workers`` workers with a scheduler and servers; return the status.
@@ -87,8 +98,9 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int = 1, *,
     num_workers, num_servers : int
     timeout : float, optional
         Seconds for the whole job.
-    stall_timeout : float, optional
-        Seconds without output and without CPU time used by any process.
+    stall_timeout : float or None, default 300
+        Seconds without output and without CPU time used by any process;
+        None never stops a stalled job.
     grace : float, default 3
         Seconds between the end of the workers (or a failure) and SIGTERM
         to the processes still running, and between SIGTERM and SIGKILL.
@@ -107,7 +119,7 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int = 1, *,
     job = Job(num_workers, num_servers, grace, stdout or sys.stdout.buffer,
               stderr or sys.stderr.buffer)
     deadline = None if timeout is None else time.monotonic() + timeout
-    previous = {sig: signal.signal(sig, lambda number, frame: setattr(job, "stop_signal", number))
+    previous = {sig: signal.signal(sig, lambda number, frame: job.signals.append(number))
                 for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         port, reason = job.start_scheduler(deadline or time.monotonic() + SCHEDULER_START_SECONDS)
@@ -147,8 +159,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, metavar="S",
                         help="stop everything after S seconds (status 124)")
     parser.add_argument("--stall-timeout", type=float, metavar="S",
+                        default=DEFAULT_STALL_TIMEOUT,
                         help="stop everything after S seconds without output or CPU use "
-                             "(status 124)")
+                             f"(status 124; default {DEFAULT_STALL_TIMEOUT:g}, 0: never)")
     parser.add_argument("--grace", type=float, default=3.0, metavar="S",
                         help="seconds before SIGTERM, then before SIGKILL (default 3)")
     parser.add_argument("--hosts", metavar="FILE", help="not supported (see 'Several hosts')")
@@ -179,12 +192,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("-s SERVERS must be at least 1")
     if not command:
         parser.error("give the worker command after '--', e.g. -- python train.py")
-    for name in ("timeout", "stall_timeout"):
-        value = getattr(args, name)
-        if value is not None and value <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be positive")
+    if args.timeout is not None and args.timeout <= 0:
+        parser.error("--timeout must be positive")
+    if args.stall_timeout < 0:
+        parser.error("--stall-timeout must be positive (or 0: never)")
     return launch(command, args.num_workers, args.num_servers, timeout=args.timeout,
-                  stall_timeout=args.stall_timeout, grace=args.grace)
+                  stall_timeout=args.stall_timeout or None, grace=args.grace)
 
 
 if __name__ == "__main__":

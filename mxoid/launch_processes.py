@@ -9,6 +9,7 @@ started, and only those. :func:`mxoid.launch.launch` drives it.
 from __future__ import annotations
 
 import os
+import re
 import selectors
 import signal
 import socket
@@ -17,8 +18,8 @@ import sys
 import time
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["EXIT_FAILURE", "EXIT_TIMEOUT", "SCHEDULER_START_SECONDS", "Job", "LaunchedProcess",
-           "free_port"]
+__all__ = ["DEFAULT_STALL_TIMEOUT", "EXIT_FAILURE", "EXIT_TIMEOUT", "SCHEDULER_START_SECONDS",
+           "Job", "LaunchedProcess", "free_port"]
 
 HOST = "127.0.0.1"
 PORT_ATTEMPTS = 5
@@ -26,6 +27,15 @@ SCHEDULER_START_SECONDS = 120.0
 
 EXIT_TIMEOUT = 124
 EXIT_FAILURE = 1
+DEFAULT_STALL_TIMEOUT = 300.0
+"""Seconds without output and CPU use after which a job is stopped, unless told otherwise."""
+STOP_WAIT = 60.0
+"""Seconds the other workers get to stop cleanly once one stopped on a signal (it saves a
+checkpoint, flushes logs) before they are treated as stuck."""
+LONE_EXIT_WAIT = 30.0
+"""Seconds the other workers may go on after one exited with status 0: workers end together
+(ps-lite's finalize barrier), so a worker that ended alone left the others waiting for it."""
+_ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Exit|Interrupt)\b.*|mxoid: worker of rank.*)$")
 
 # The scheduler only needs libmxnet's ps-lite: loading the library with ctypes
 # takes 0.2 s where ``import mxnet`` takes 3 s of CPU, on the launch's critical
@@ -87,6 +97,7 @@ class LaunchedProcess:
         self.label = role if role == "scheduler" else f"{role} {index}"
         self.partial: Dict[int, bytes] = {}  # per fd (1, 2): the unfinished last line
         self.held: Dict[int, bytes] = {}  # per fd: output not shown yet (see start_scheduler)
+        self.errors: List[str] = []  # its error lines on stderr (an exception's last line)
 
     @property
     def pid(self) -> int:
@@ -106,7 +117,14 @@ class LaunchedProcess:
             except ValueError:
                 name = f"signal {-code}"
             return f"{self.label} (pid {self.pid}) was killed by {name}"
-        return f"{self.label} (pid {self.pid}) exited with status {code}"
+        said = self.error_summary()
+        return f"{self.label} (pid {self.pid}) exited with status {code}" + (
+            f": {said}" if said and code else "")
+
+    def error_summary(self) -> str:
+        """The error the process reported last: an exception's message, preferably."""
+        exceptions = [line for line in self.errors if not line.startswith("mxoid:")]
+        return (exceptions or self.errors or [""])[-1][:300]
 
     def exit_status(self) -> int:
         """Its exit status as a shell reports it: 128 + N when killed by signal N."""
@@ -172,7 +190,12 @@ class Job:
         self.selector = selectors.DefaultSelector()
         self.last_activity = time.monotonic()
         self.last_ticks = 0
-        self.stop_signal: Optional[int] = None
+        self.signals: List[int] = []  # signals the launcher received, in order
+
+    @property
+    def stop_signal(self) -> Optional[int]:
+        """The first signal the launcher received, if any."""
+        return self.signals[0] if self.signals else None
 
     # ------------------------------------------------------------ starting
     def environment(self, port: int, role: str) -> Dict[str, str]:
@@ -251,6 +274,11 @@ class Job:
                 lines = process.partial.pop(fd, b"")
             if not lines:
                 continue
+            if fd == 2:
+                process.errors += [line.decode(errors="replace").strip()
+                                   for line in lines.splitlines()
+                                   if _ERROR_LINE.match(line.decode(errors="replace").strip())]
+                del process.errors[:-5]
             if show:
                 self.write(process, fd, lines)
             else:
@@ -302,28 +330,76 @@ class Job:
 
         A scheduler or server exits with status 0 only after every worker
         reached ps-lite's finalize barrier, so it is no failure: the workers
-        are ending too.
+        are ending too. A signal to the launcher (:attr:`signals`) is passed
+        on to every worker, which stops cleanly; a third one ends the job at
+        once. A worker that stopped on a signal (status 128 + N) gives the
+        others :data:`STOP_WAIT` seconds to stop as well.
         """
         workers = [p for p in self.processes if p.role == "worker"]
         others = [p for p in self.processes if p.role != "worker"]
+        forwarded = 0
+        stopping: Optional[Tuple[float, LaunchedProcess]] = None
+        lone_exit: Optional[Tuple[float, LaunchedProcess]] = None
         while True:
             self.pump(0.1)
-            if self.stop_signal is not None:
-                name = signal.Signals(self.stop_signal).name
-                return 128 + self.stop_signal, f"the launcher received {name}"
+            while forwarded < len(self.signals):
+                number = self.signals[forwarded]
+                forwarded += 1
+                name = signal.Signals(number).name
+                if forwarded >= 3:
+                    return 128 + number, f"the launcher received {name} a third time"
+                self.note(f"received {name}: passing it on to the workers, which stop cleanly "
+                          "(send it twice more to end everything at once)")
+                self.signal_workers(number)
             for process in workers:
-                if not process.running() and process.popen.returncode != 0:
-                    return process.exit_status(), process.describe_exit()
-            if all(not p.running() for p in workers):
+                if process.running() or process.popen.returncode == 0:
+                    continue
+                status = process.exit_status()
+                if status - 128 in (signal.SIGINT, signal.SIGTERM):
+                    stopping = stopping or (time.monotonic(), process)
+                else:
+                    return status, process.describe_exit()
+            running = [p for p in workers if p.running()]
+            if not running:
+                if stopping is not None:
+                    first = stopping[1]
+                    return first.exit_status(), f"the workers stopped: {first.describe_exit()}"
                 return 0, ""
+            if stopping is not None and time.monotonic() - stopping[0] > STOP_WAIT:
+                return stopping[1].exit_status(), (
+                    f"{stopping[1].describe_exit()}; the other workers did not stop within "
+                    f"{STOP_WAIT:g} s")
+            ended = [p for p in workers if not p.running() and p.popen.returncode == 0]
+            if ended and lone_exit is None:
+                lone_exit = (time.monotonic(), ended[0])
+            if lone_exit is not None and time.monotonic() - lone_exit[0] > LONE_EXIT_WAIT:
+                return EXIT_FAILURE, (
+                    f"{lone_exit[1].label} (pid {lone_exit[1].pid}) exited with status 0, but "
+                    f"{', '.join(p.label for p in running)} kept running {LONE_EXIT_WAIT:g} s "
+                    "later: workers end together, so the others are waiting for it (did it stop "
+                    "early, e.g. with sys.exit or os._exit in the middle of training?)")
             for process in others:
                 if not process.running() and process.popen.returncode != 0:
                     return EXIT_FAILURE, f"{process.describe_exit()} while workers were running"
             if deadline is not None and time.monotonic() > deadline:
-                return EXIT_TIMEOUT, "timed out (--timeout)"
+                return EXIT_TIMEOUT, "timed out (--timeout)" + self._errors_so_far()
             if self.stalled(stall_timeout):
                 return EXIT_TIMEOUT, (f"stalled: no output and no CPU time used for "
-                                      f"{stall_timeout:g} s (--stall-timeout)")
+                                      f"{stall_timeout:g} s (--stall-timeout)"
+                                      + self._errors_so_far())
+
+    def signal_workers(self, number: int) -> None:
+        """Send signal ``number`` to the process group of every running worker."""
+        for process in self.processes:
+            if process.role == "worker" and process.running():
+                try:
+                    os.killpg(process.pid, number)
+                except ProcessLookupError:
+                    pass
+
+    def _errors_so_far(self) -> str:
+        said = [f"{p.label}: {p.error_summary()}" for p in self.processes if p.error_summary()]
+        return f"; errors reported: {'; '.join(said)}" if said else ""
 
     def finish(self) -> List[LaunchedProcess]:
         """Let the processes end within the grace period, then SIGTERM, then SIGKILL.

@@ -45,8 +45,10 @@ __all__ = [
     "EPOCHS_DONE",
     "ITERATION",
     "RESERVED_NAMES",
+    "RESUMED_FROM",
     "RUN",
     "LogFileContents",
+    "continued_rows",
     "cut_torn_line",
     "decode_json_value",
     "encode_csv_cell",
@@ -58,6 +60,8 @@ __all__ = [
 RUN = "run"
 ITERATION = "iteration"
 EPOCHS_DONE = "epochs_done"
+RESUMED_FROM = "resumed_from"
+"""The record a resumed run writes into its first row: the checkpoint it resumed from."""
 RESERVED_NAMES = (RUN, ITERATION, EPOCHS_DONE)
 """Column names that records may not take."""
 
@@ -149,9 +153,10 @@ def read_log(path: "os.PathLike[str] | str", all_runs: bool = False) -> List[Dic
         A file written by JSONLinesLog or CSVLog; the format is told from
         its content.
     all_runs : bool, default False
-        Return the rows of every run, each starting with its ``run`` number,
-        instead of those of the last run that wrote a row. A file with run
-        headers but no rows yet gives an empty list.
+        Return the rows of every run as written, each starting with its
+        ``run`` number, instead of the last training: the last run that
+        wrote a row, joined with the runs it resumed (:func:`continued_rows`).
+        A file with run headers but no rows yet gives an empty list.
 
     Raises
     ------
@@ -162,8 +167,46 @@ def read_log(path: "os.PathLike[str] | str", all_runs: bool = False) -> List[Dic
     contents = parse_log_file(path)
     if all_runs or not contents.rows:
         return contents.rows
-    last = contents.rows[-1][RUN]
-    return [{k: v for k, v in row.items() if k != RUN} for row in contents.rows if row[RUN] == last]
+    return [{k: v for k, v in row.items() if k != RUN} for row in continued_rows(contents)]
+
+
+def _runs(contents: "LogFileContents") -> List[List[Dict[str, Any]]]:
+    """The rows of each run, in file order (a run's rows are contiguous)."""
+    runs: List[List[Dict[str, Any]]] = []
+    for row in contents.rows:
+        if not runs or runs[-1][0][RUN] != row[RUN]:
+            runs.append([])
+        runs[-1].append(row)
+    return runs
+
+
+def _resumed_at(run: List[Dict[str, Any]]) -> Optional[int]:
+    first = run[0]
+    return first[ITERATION] if RESUMED_FROM in first else None
+
+
+def continued_rows(contents: "LogFileContents", last: Optional[int] = None
+                   ) -> List[Dict[str, Any]]:
+    """The rows of one training: the last run (or run number ``last``) with the runs it resumed.
+
+    A resumed run supersedes the rows of the run before it from its first
+    iteration on; rows come out by iteration, each with its ``run`` number.
+    """
+    runs = _runs(contents)
+    if last is not None:
+        runs = runs[:next(i for i, run in enumerate(runs) if run[0][RUN] == last) + 1]
+    if not runs:
+        return []
+    chain = [runs.pop()]
+    while runs and _resumed_at(chain[0]) is not None:
+        chain.insert(0, runs.pop())
+    rows: List[Dict[str, Any]] = []
+    for run in chain:
+        start = _resumed_at(run)
+        if start is not None:
+            rows = [row for row in rows if row[ITERATION] < start]
+        rows += run
+    return sorted(rows, key=lambda row: row[ITERATION])
 
 
 def parse_log_file(path: "os.PathLike[str] | str") -> LogFileContents:

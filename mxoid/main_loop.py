@@ -10,10 +10,12 @@ import uuid
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
+import numpy as np
 
 from .data_position import DataPosition
 from .dispatch import HookDispatcher
 from .distributed import (
+    allgather,
     exit_after_error,
     is_distributed,
     prepare_workers,
@@ -144,6 +146,11 @@ class MainLoop:
     >>> arg_params, aux_params = loop.get_params()
     """
 
+    stop_agreement_batches: int = 20
+    """In distributed training, the workers agree every this many batches (and at every epoch
+    end) on whether one of them asked to stop; a stop asked on one worker takes effect on all
+    at the next agreement. Each agreement is one small exchange through the servers."""
+
     def __init__(self, symbol: mx.sym.Symbol, train_data: mx.io.DataIter, *,
                  contexts: Union[None, mx.Context, Sequence[mx.Context]] = None,
                  optimizer: Union[str, mx.optimizer.Optimizer] = "sgd",
@@ -169,6 +176,8 @@ class MainLoop:
                 work_load_list=work_load_list)
             self.kvstore, self.update_on_kvstore = create_kvstore(
                 kvstore, len(self.contexts), update_on_kvstore)
+            self._collective = is_distributed(self.kvstore)
+            self._stop_everywhere = False
             self.data_position = DataPosition(train_data)
             checkpoint = find_checkpoint(
                 resume_from, [e.directory for e in self.extensions if isinstance(e, Checkpoint)],
@@ -265,6 +274,7 @@ class MainLoop:
         """
         status = self.status
         fire = self.dispatcher.fire
+        self._stop_everywhere = False
         try:
             with InterruptHandlers(status):
                 if status.training_started:
@@ -272,7 +282,7 @@ class MainLoop:
                 else:
                     status.training_started = True
                     fire("before_training")
-                while not status.stop_requested:
+                while not status.stop_requested or self._stop_deferred():
                     if not status.epoch_started:
                         if status.epochs_done > 0:
                             self.data_position.reset()
@@ -285,13 +295,14 @@ class MainLoop:
                     self.manager.reconcile_aux_states()
                     status.epoch_started = False
                     status.epochs_done += 1
-                    if status.epoch_interrupt_received and status.interrupted is None:
-                        status.interrupted = "SIGINT"
-                        self.request_stop("interrupted by SIGINT")
+                    self.log.epoch_ends.append(status.iterations_done)
                     fire("after_epoch")
-                if status.interrupted is not None:
-                    self.request_stop(f"interrupted by {status.interrupted}")
-                    fire("on_interrupt")
+                    if self._collective:
+                        self._agree_to_stop(epoch_end=True)
+                    elif status.epoch_interrupt_received and not status.stop_requested:
+                        status.interrupted = "SIGINT"  # the first Ctrl-C: the epoch is done
+                        self.request_stop("interrupted by SIGINT")
+                self._end_interruption()
                 status.training_finished = True
                 self.manager.reconcile_aux_states()
                 self.synchronize()
@@ -299,14 +310,37 @@ class MainLoop:
                     pull_parameters(self.kvstore, self.manager.param_names,
                                     self.manager.param_arrays)  # dist_async: end equal
                 fire("after_training")
-        except Exception as error:
-            self._handle_error(error)
+        except BaseException as error:
             if is_distributed(self.kvstore):  # would hang at exit in ps-lite's finalize barrier
+                if isinstance(error, Exception):
+                    self._handle_error(error)
                 exit_after_error(error, status.rank)
+            if not isinstance(error, Exception):
+                raise
+            self._handle_error(error)
             raise
         if status.interrupted is not None:
             self._report_interruption()
         return self
+
+    def _end_interruption(self) -> None:
+        """Decide whether a signal cut training short, and if so fire ``on_interrupt``.
+
+        A signal that arrives when an extension has already asked to stop at
+        the same point (the last epoch ends, a limit is reached) cut nothing
+        short: the run is finished, not interrupted.
+        """
+        status = self.status
+        if status.interrupted is None:
+            return
+        if status.stop_reason is not None and not status.stop_reason.startswith(
+                ("interrupted by", "rank ")):
+            logger.info("%s arrived as training finished (%s)", status.interrupted,
+                        status.stop_reason)
+            status.interrupted = None
+            return
+        self.request_stop(f"interrupted by {status.interrupted}")
+        self.dispatcher.fire("on_interrupt")
 
     def _run_epoch(self) -> bool:
         """Train the rest of the epoch; return False when a stop was requested mid-epoch."""
@@ -328,26 +362,63 @@ class MainLoop:
             status.iterations_done_in_epoch += 1
             if after_batch is not None:
                 after_batch(batch)
-            if status.stop_requested:
+            if status.stop_requested and not self._stop_deferred():
+                return False
+            if (self._collective and status.iterations_done % self.stop_agreement_batches == 0
+                    and self._agree_to_stop(epoch_end=False)):
                 return False
         if status.iterations_done_in_epoch == trained == 0:
             raise ValueError("train_data yielded no batches in this epoch; is it empty, or "
                              "already consumed (call train_data.reset() before the loop)?")
         return True
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, *, every_rank: bool = False) -> None:
         """Ask the loop to stop: after this batch when called in ``after_batch``,
         after this epoch when called in ``after_epoch``.
 
         The reason is kept in ``status.stop_reason`` and recorded in the log as
         ``training_finish_requested``.
+
+        In distributed training the workers stop together, after the same
+        batch: a stop asked on one worker takes effect on every worker at the
+        next agreement, at most :attr:`stop_agreement_batches` batches later
+        (and at every epoch end). ``every_rank=True`` says that every worker
+        asks it at this very batch (a limit on batches or epochs), so it takes
+        effect at once.
         """
         status = self.status
+        if every_rank:
+            self._stop_everywhere = True
         if status.stop_reason is None:
             status.stop_requested = True
             status.stop_reason = reason
             self.log.current_row["training_finish_requested"] = reason
             logger.info("stop requested: %s", reason)
+
+    def _stop_deferred(self) -> bool:
+        """True while a stop asked on this worker alone waits for the workers to agree."""
+        return self._collective and not self._stop_everywhere
+
+    def _agree_to_stop(self, epoch_end: bool) -> bool:
+        """A collective call: stop every worker when any worker asked to; return whether."""
+        status = self.status
+        signal_number = int(getattr(signal, status.interrupted)) if status.interrupted else 0
+        wants = status.stop_requested or (epoch_end and status.epoch_interrupt_received)
+        rows = allgather(self.kvstore, "stop_agreement", [float(wants), float(signal_number),
+                                                          float(epoch_end and
+                                                                status.epoch_interrupt_received)])
+        if not rows[:, 0].any():
+            return False
+        signals = [int(number) for number in rows[:, 1] if number]
+        if status.interrupted is None and (signals or rows[:, 2].any()):
+            status.interrupted = signal.Signals(signals[0] if signals else signal.SIGINT).name
+        if status.stop_reason is None:
+            first = int(np.flatnonzero(rows[:, 0])[0])
+            what = (f"was interrupted by {status.interrupted}" if status.interrupted
+                    else "asked to stop")
+            self.request_stop(f"rank {first} {what}")
+        self._stop_everywhere = True
+        return True
 
     def _report_interruption(self) -> None:
         status = self.status

@@ -46,6 +46,7 @@ from .checkpoint import (CheckpointContents, CheckpointError, is_checkpoint_fold
 from .data_position import get_random_states, set_random_states
 from .extensions.base import Extension
 from .extensions.records import plain_value
+from .log_files import RESUMED_FROM
 
 if TYPE_CHECKING:  # pragma: no cover
     from .main_loop import MainLoop
@@ -272,6 +273,7 @@ def restore_loop(loop: "MainLoop", checkpoint: CheckpointContents) -> None:
     if checkpoint.optimizer_states is not None:
         _restore_optimizer(loop, checkpoint)
     loop.log.load_state_dict(state["log"])
+    loop.log.current_row[RESUMED_FROM] = checkpoint.path
     status = loop.status
     status.load_state_dict(state["status"])
     status.stop_requested, status.stop_reason = False, None

@@ -265,7 +265,7 @@ def comparable_rows(loop):
     rows = {}
     for iteration, row in loop.log.items():
         rows[iteration] = {k: (os.path.basename(v).split("-", 2)[2] if k == "checkpoint_saved_to"
-                               else v) for k, v in row.items()}
+                               else v) for k, v in row.items() if k != "resumed_from"}
     return rows
 
 

@@ -73,9 +73,26 @@ class _LogFileWriter(Extension):
             log_files.cut_torn_line(self.path)
             if os.path.getsize(self.path) > 0:
                 contents = log_files.parse_log_file(self.path)
-        self.run = contents.runs + 1 if contents is not None else 1
-        self._next_row = self.main_loop.status.iterations_done
         self._open(contents)
+        loop = self.main_loop
+        if loop.resumed_from is not None and contents is not None:
+            self.run = contents.runs
+            self._catch_up(contents)
+        self.run = (contents.runs if contents is not None else 0) + 1
+        self._next_row = loop.status.iterations_done
+        self._begin_run()
+        self._flush()
+
+    def _catch_up(self, contents: log_files.LogFileContents) -> None:
+        """Write the rows before the resumed checkpoint that the file lacks, from the
+        checkpoint's log: the interrupted process may have been killed after saving the
+        checkpoint but before writing its last rows."""
+        log = self.main_loop.log
+        present = {row[ITERATION] for row in log_files.continued_rows(contents)}
+        start = self.main_loop.status.iterations_done
+        for iteration in log:
+            if iteration < start and iteration not in present:
+                self._write_row(iteration, log[iteration])
 
     def _finish(self) -> None:
         if self.file is None:
@@ -90,7 +107,11 @@ class _LogFileWriter(Extension):
             self._close()
 
     def _write_row(self, iteration: int, row: Dict[str, Any]) -> None:
-        values = {ITERATION: iteration, EPOCHS_DONE: self.main_loop.status.epochs_done}
+        log, status = self.main_loop.log, self.main_loop.status
+        # Checkpoints of mxoid 0.1 hold no epoch ends: the current count then.
+        epochs = (log.epochs_done_at(iteration) if log.epoch_ends or not status.epochs_done
+                  else status.epochs_done)
+        values = {ITERATION: iteration, EPOCHS_DONE: epochs}
         for name, value in row.items():
             if name in RESERVED_NAMES:
                 raise ValueError(f"{self.name}: record name {name!r} is reserved in log files "
@@ -112,7 +133,11 @@ class _LogFileWriter(Extension):
             self.file = None
 
     def _open(self, contents: Optional[log_files.LogFileContents]) -> None:
+        """Open the file to append, after checking the format of what it holds."""
         raise NotImplementedError
+
+    def _begin_run(self) -> None:
+        """Mark the start of run ``self.run`` (JSON lines: a header line)."""
 
     def _write_values(self, values: Dict[str, Any]) -> None:
         raise NotImplementedError
@@ -152,10 +177,15 @@ class JSONLinesLog(_LogFileWriter):
         if contents is not None and contents.format != "jsonl":
             raise ValueError(f"{self.name}: {self.path} is a {contents.format} log, not JSON lines")
         self.file = open(self.path, "a", encoding="utf-8")
-        started = datetime.now().astimezone().isoformat(timespec="seconds")
-        self._write_line({RUN: self.run, "started": started,
-                          "start_iteration": self.main_loop.status.iterations_done})
-        self._flush()
+
+    def _begin_run(self) -> None:
+        loop = self.main_loop
+        header = {RUN: self.run,
+                  "started": datetime.now().astimezone().isoformat(timespec="seconds"),
+                  "start_iteration": loop.status.iterations_done}
+        if loop.resumed_from is not None:
+            header[log_files.RESUMED_FROM] = loop.resumed_from
+        self._write_line(header)
 
     def _write_values(self, values: Dict[str, Any]) -> None:
         self._write_line({name: log_files.encode_json_value(v) for name, v in values.items()})

@@ -9,7 +9,9 @@ Python values with :func:`plain_value`.
 """
 from __future__ import annotations
 
+import difflib
 import math
+import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
 import mxnet as mx
@@ -42,19 +44,40 @@ class RecordReader:
         The row last read; part of the state of the extensions that use it.
     """
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, owner: Optional[str] = None) -> None:
         if not isinstance(name, str) or not name:
             raise ValueError(f"a record name must be a non-empty str, got {name!r}")
         self.name = name
+        self.owner = owner
         self.checked_iteration: Optional[int] = None
+        self._warned = False
 
     def read(self, log: "TrainingLog") -> Any:
-        """Return the new value of the record, or :data:`MISSING`; never creates a row."""
+        """Return the new value of the record, or :data:`MISSING`; never creates a row.
+
+        The first time it is read after an epoch has ended without the record
+        ever having been written, a warning names it and the records with a
+        similar name: a mistyped name would otherwise make its extension
+        silently check nothing.
+        """
         iteration = log.status.iterations_done
-        if iteration == self.checked_iteration or log.last_iteration(self.name) != iteration:
+        written = log.last_iteration(self.name)
+        if written is None and not self._warned and log.status.epochs_done >= 1:
+            self._warn_missing(log)
+        if iteration == self.checked_iteration or written != iteration:
             return MISSING
         self.checked_iteration = iteration
         return log.last(self.name)
+
+    def _warn_missing(self, log: "TrainingLog") -> None:
+        self._warned = True
+        names = log.record_names()
+        close = difflib.get_close_matches(self.name, names, n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+        who = f"{self.owner}: " if self.owner else ""
+        warnings.warn(f"{who}record {self.name!r} has not been written in the first epoch"
+                      f"{hint} (the records so far: {names}). Until it is, nothing is checked",
+                      stacklevel=4)
 
 
 def plain_value(value: Any) -> Any:

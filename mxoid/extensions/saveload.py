@@ -139,7 +139,8 @@ class Checkpoint(Extension):
                 word in save_best_of.lower() for word in _HIGHER_IS_BETTER) else "min"
         self.best_mode = best_mode
         self.best = BestValue(best_mode)
-        self._best_reader = RecordReader(save_best_of) if save_best_of else None
+        self._best_reader = (RecordReader(save_best_of, owner="Checkpoint(save_best_of)")
+                             if save_best_of else None)
         self.prefix = prefix
         self.sequence = 0
         self.last_saved: Optional[str] = None
@@ -229,7 +230,8 @@ class Checkpoint(Extension):
         if "nan_detected" in row:
             logger.warning("not saving a checkpoint: %s is not finite", row["nan_detected"])
             return None
-        counters = [status.iterations_done, status.epochs_done, status.epoch_started]
+        counters = [status.iterations_done, status.epochs_done, status.epoch_started,
+                    status.interrupted]
         if counters == self._last_counters:
             return self.last_saved
         sequence = next_sequence(self.directory)
@@ -252,7 +254,7 @@ class Checkpoint(Extension):
             row[record] = path
             self.sequence, self.last_saved = sequence or self.sequence, path
             self._last_counters = [status.iterations_done, status.epochs_done,
-                                   status.epoch_started]
+                                   status.epoch_started, status.interrupted]
         seed = zlib.crc32(f"{status.iterations_done}:{status.epochs_done}".encode()) & 0x7FFFFFFF
         try:
             state = loop.state_dict()

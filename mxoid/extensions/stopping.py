@@ -87,9 +87,11 @@ class FinishAfter(Extension):
             self._started = time.monotonic()
         status = self.main_loop.status
         if self.epoch_limit is not None and status.epochs_done >= self.epoch_limit:
-            self.main_loop.request_stop(f"{self.name}: {status.epochs_done} epochs done")
+            self.main_loop.request_stop(f"{self.name}: {status.epochs_done} epochs done",
+                                        every_rank=True)
         elif self.batch_limit is not None and status.iterations_done >= self.batch_limit:
-            self.main_loop.request_stop(f"{self.name}: {status.iterations_done} batches done")
+            self.main_loop.request_stop(f"{self.name}: {status.iterations_done} batches done",
+                                        every_rank=True)
         elif self.time_limit is not None and self.seconds_elapsed() >= self.time_limit:
             self.main_loop.request_stop(
                 f"{self.name}: time limit of {self.time_limit:g} s reached "
@@ -152,7 +154,7 @@ class EarlyStopping(Extension):
                  **kwargs: Any) -> None:
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
             raise ValueError(f"patience must be an int >= 1, got {patience!r}")
-        self.reader = RecordReader(record)
+        self.reader = RecordReader(record, owner=kwargs.get("name") or type(self).__name__)
         self.best = BestValue(mode, min_delta)
         self.patience = patience
         self.checks_without_improvement = 0
@@ -209,31 +211,36 @@ class NaNGuard(Extension):
     reaches a checkpoint, check at least whenever one is saved (e.g. the
     same ``every_n_batches``).
 
-    With ``check_parameters=True`` it also checks every parameter and
-    auxiliary state (on every device) each time it fires, after waiting for
-    the training step in flight (:meth:`MainLoop.synchronize`).
+    By default (``check_parameters=True``) it also checks every parameter
+    and auxiliary state (on every device) each time it fires, after waiting
+    for the training step in flight (:meth:`MainLoop.synchronize`): one
+    reduction per array on the devices and one read of the flags. This
+    catches a network gone NaN while its loss record still looks finite
+    (NaN inputs, for instance). ``NaNGuard()`` alone checks the parameters
+    after every epoch.
 
     Parameters
     ----------
     records : str or sequence of str, optional
         E.g. ``'train_cross_entropy'``.
-    check_parameters : bool, default False
+    check_parameters : bool, default True
     **kwargs
         Firing conditions and options of :class:`Extension`.
 
     Examples
     --------
-    >>> NaNGuard("train_cross_entropy", every_n_batches=50, check_parameters=True)
+    >>> NaNGuard("train_cross_entropy", every_n_batches=50)
     """
 
     stops_training = True
 
-    def __init__(self, records: Union[str, Sequence[str]] = (), check_parameters: bool = False,
+    def __init__(self, records: Union[str, Sequence[str]] = (), check_parameters: bool = True,
                  **kwargs: Any) -> None:
         names = [records] if isinstance(records, str) else list(records)
         if not names and not check_parameters:
             raise ValueError("NaNGuard needs records to watch or check_parameters=True")
-        self.readers = [RecordReader(name) for name in names]
+        owner = kwargs.get("name") or type(self).__name__
+        self.readers = [RecordReader(name, owner=owner) for name in names]
         self.check_parameters = check_parameters
         kwargs.setdefault("priority", 5)
         kwargs.setdefault("after_epoch", True)

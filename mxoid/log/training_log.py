@@ -1,6 +1,7 @@
 """The in-memory log: iteration number -> row of records, as in Blocks."""
 from __future__ import annotations
 
+import bisect
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .status import TrainingStatus
@@ -23,6 +24,8 @@ class TrainingLog(Mapping):
     ----------
     status : TrainingStatus
         The loop's counters (the same object as ``MainLoop.status``).
+    epoch_ends : list of int
+        The iteration at which each epoch ended, in order.
 
     Examples
     --------
@@ -36,6 +39,7 @@ class TrainingLog(Mapping):
         self.status = status if status is not None else TrainingStatus()
         self._rows: Dict[int, Dict[str, Any]] = {}
         self._latest: Dict[str, Tuple[int, Any]] = {}
+        self.epoch_ends: List[int] = []
 
     def __getitem__(self, iteration: int) -> Dict[str, Any]:
         return self._rows[iteration]
@@ -106,6 +110,11 @@ class TrainingLog(Mapping):
                     self._latest[name] = (other, self._rows[other][name])
                     break
 
+    def epochs_done_at(self, iteration: int) -> int:
+        """Epochs done when the row of ``iteration`` was complete: the epochs that ended at or
+        before it (``status.epochs_done`` as it stood then)."""
+        return bisect.bisect_right(self.epoch_ends, iteration)
+
     def record_names(self) -> List[str]:
         """Names of every record written so far, sorted."""
         return sorted(self._latest)
@@ -118,13 +127,15 @@ class TrainingLog(Mapping):
     def state_dict(self) -> Dict[str, Any]:
         """Return the rows and status as plain data (JSON-serializable when the records are)."""
         return {"status": self.status.state_dict(),
-                "rows": [[i, dict(self._rows[i])] for i in sorted(self._rows)]}
+                "rows": [[i, dict(self._rows[i])] for i in sorted(self._rows)],
+                "epoch_ends": list(self.epoch_ends)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Replace the rows and status with those of :meth:`state_dict`."""
         self.status.load_state_dict(state["status"])
         self._rows.clear()
         self._latest.clear()
+        self.epoch_ends = [int(i) for i in state.get("epoch_ends", [])]
         for iteration, values in state["rows"]:
             self.row(int(iteration)).update(values)
 

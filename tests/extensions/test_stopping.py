@@ -272,4 +272,5 @@ def test_nan_guard_ignores_finite_values_and_stale_nan():
 
 def test_nan_guard_needs_something_to_watch():
     with pytest.raises(ValueError, match="records to watch"):
-        NaNGuard()
+        NaNGuard(check_parameters=False)
+    assert NaNGuard().check_parameters  # the parameters, by default
