@@ -423,12 +423,19 @@ class MainLoop:
     def _report_interruption(self) -> None:
         status = self.status
         saved = self.log.last("checkpoint_saved_to", None)
-        where = (f"The last checkpoint is {saved}; resume with "
-                 f"MainLoop(..., resume_from={checkpoint_folder(saved)!r})." if saved else
-                 "No checkpoint was saved: add mxoid.extensions.Checkpoint(directory) to resume "
-                 "interrupted runs.")
-        message = (f"Training interrupted by {status.interrupted} after {status.epochs_done} "
-                   f"epochs and {status.iterations_done} batches. {where}")
+        directories = [e.directory for e in self.extensions if isinstance(e, Checkpoint)]
+        if saved:
+            where = (f"The last checkpoint is {saved}; resume with "
+                     f"MainLoop(..., resume_from={checkpoint_folder(saved)!r}).")
+        elif directories and status.rank != 0:
+            where = (f"Rank 0 saves the checkpoints; resume with "
+                     f"MainLoop(..., resume_from={directories[0]!r}).")
+        else:
+            where = ("No checkpoint was saved: add mxoid.extensions.Checkpoint(directory) to "
+                     "resume interrupted runs.")
+        message = (f"Training interrupted by {status.interrupted} after "
+                   f"{_count(status.epochs_done, 'epoch')} and "
+                   f"{_count(status.iterations_done, 'batch')}. {where}")
         print(message, file=sys.stderr, flush=True)
         if self.exit_on_interrupt:
             raise SystemExit(128 + int(getattr(signal, status.interrupted)))
@@ -493,6 +500,10 @@ class MainLoop:
         for name, hook, calls, seconds in self.profile():
             per_call = 1e6 * seconds / calls if calls else 0.0
             print(f"{name:<24}{hook:<18}{calls:>10}{seconds:>12.4f}{per_call:>10.1f}")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else ("es" if noun.endswith("ch") else "s"))
 
 
 def _check_contexts(contexts: Any) -> List[mx.Context]:

@@ -16,7 +16,7 @@ import time
 import mxnet as mx
 import numpy as np
 
-from mxoid import Evaluate, Extension, FinishAfter, MainLoop
+from mxoid import Checkpoint, Evaluate, Extension, FinishAfter, JSONLinesLog, MainLoop
 from mxoid.sharding import shard, shard_arrays
 
 OPTIMIZER_PARAMS = {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}
@@ -63,6 +63,35 @@ class Act(Extension):
         raise RuntimeError("extension failure on purpose")
 
 
+class Misbehave(Extension):
+    """On rank ``rank`` at batch ``at``: call sys.exit(0), or send this process SIGTERM."""
+
+    def __init__(self, action: str, at: int, rank: int) -> None:
+        super().__init__(after_batch=True)
+        self.action, self.at, self.rank = action, at, rank
+
+    def do(self, which_callback, *args):
+        status = self.main_loop.status
+        if status.rank != self.rank or status.iterations_done != self.at:
+            return
+        print(f"rank {status.rank}: {self.action} at batch {status.iterations_done}", flush=True)
+        if self.action == "exit":
+            sys.exit(0)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+class Slow(Extension):
+    """Sleeps after every batch, and says which batch it trained."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def after_batch(self, batch):
+        print(f"BATCH {self.main_loop.status.iterations_done}", flush=True)
+        time.sleep(self.seconds)
+
+
 class Touch(Extension):
     """Writes ``<out>/<name>_rank<r>`` after training."""
 
@@ -84,6 +113,12 @@ def main(argv=None) -> None:
     parser.add_argument("--act", choices=("raise", "kill"))
     parser.add_argument("--act-at", type=int, default=5)
     parser.add_argument("--unequal", action="store_true", help="rank 1 gets fewer rows")
+    parser.add_argument("--misbehave", choices=("exit", "sigterm"))
+    parser.add_argument("--bad-argument-on-rank", type=int)
+    parser.add_argument("--seconds-on-rank-0", type=float, help="FinishAfter(seconds=) on rank 0")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds to sleep per batch")
+    parser.add_argument("--checkpoint", help="a Checkpoint directory")
+    parser.add_argument("--log", help="a JSONLinesLog path")
     args = parser.parse_args(argv)
 
     kv = mx.kv.create(args.kvstore)
@@ -103,8 +138,20 @@ def main(argv=None) -> None:
                   Touch(args.out, name="rank_zero", rank_zero_only=True)]
     if args.act:
         extensions.append(Act(args.act, args.act_at, rank=1, out=args.out))
+    if args.misbehave:
+        extensions.append(Misbehave(args.misbehave, args.act_at, rank=1))
+    if args.seconds_on_rank_0 and kv.rank == 0:
+        extensions.append(FinishAfter(seconds=args.seconds_on_rank_0, name="TimeLimit"))
+    if args.delay:
+        extensions.append(Slow(args.delay))
+    if args.checkpoint:
+        extensions.append(Checkpoint(args.checkpoint, every_n_batches=5))
+    if args.log:
+        extensions.append(JSONLinesLog(args.log))
+    contexts = "cpu" if args.bad_argument_on_rank == kv.rank else None
     loop = MainLoop(network(), train, optimizer="sgd", optimizer_params=dict(OPTIMIZER_PARAMS),
-                    arg_params=initial_params(), kvstore=kv, extensions=extensions)
+                    arg_params=initial_params(), kvstore=kv, extensions=extensions,
+                    contexts=contexts)
     loop.run()
 
     params = {name: value.asnumpy() for name, value in loop.get_params()[0].items()}
