@@ -41,8 +41,8 @@ import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mxoid import Extension, FinishAfter, MainLoop  # noqa: E402
-from mxoid.dispatch import HookDispatcher  # noqa: E402
-from mxoid.log import TrainingStatus  # noqa: E402
+from mxoid.extensions.dispatch import HookDispatcher  # noqa: E402
+from mxoid.log import TrainingLog, TrainingStatus  # noqa: E402
 
 SIZES = {
     "full": {"fires": 20000, "repeats": 7, "samples": 4096, "epochs": 3, "rounds": 5,
@@ -76,7 +76,7 @@ def dispatch_cost(count: int, style: str, fires: int, repeats: int) -> Dict[str,
     """Microseconds to fire ``after_batch`` once to ``count`` extensions of ``style``."""
     extensions = [STYLES[style]() for _ in range(count)]
     status = TrainingStatus(iterations_done=1)
-    fake_loop = SimpleNamespace(status=status)
+    fake_loop = SimpleNamespace(status=status, log=TrainingLog(status))
     for extension in extensions:
         extension.main_loop = fake_loop
     dispatcher = HookDispatcher(extensions)

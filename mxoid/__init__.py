@@ -1,10 +1,17 @@
 """mxoid: a Blocks-style, extensible training loop for Apache MXNet 1.x.
 
 The public names are imported on first use, so that ``mxoid show`` and
-``mxoid launch`` start without loading MXNet.
+``mxoid launch`` start without loading MXNet. Modules that moved in mxoid
+0.2 (``mxoid.log_files`` is now ``mxoid.log.files``, and the others in
+:data:`MOVED`) are still importable under their old names, with a
+``DeprecationWarning`` naming the new one.
 """
+import importlib.abc
+import importlib.util
+import sys
+import warnings
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, List
+from typing import TYPE_CHECKING, Any, List, Optional
 
 __version__ = "0.1.0"
 
@@ -21,6 +28,7 @@ _EXPORTS = {
     "LearningRateSchedule": "extensions",
     "MainLoop": "main_loop",
     "NaNGuard": "extensions",
+    "OnLogRecord": "extensions",
     "Printing": "extensions",
     "ProgressBar": "extensions",
     "TensorBoard": "extensions",
@@ -30,35 +38,23 @@ _EXPORTS = {
     "TrainingMonitoring": "extensions",
     "TrainingStatus": "log",
     "allreduce_sums": "distributed",
-    "read_log": "log_files",
-    "shard": "sharding",
+    "read_log": "log",
+    "shard": "distributed",
 }
 
-__all__ = [
-    "CSVLog",
-    "Checkpoint",
-    "CheckpointError",
-    "DataParallelExecutorManager",
-    "EarlyStopping",
-    "Evaluate",
-    "Extension",
-    "FinishAfter",
-    "JSONLinesLog",
-    "LearningRateSchedule",
-    "MainLoop",
-    "NaNGuard",
-    "Printing",
-    "ProgressBar",
-    "TensorBoard",
-    "Timing",
-    "TrackBest",
-    "TrainingLog",
-    "TrainingMonitoring",
-    "TrainingStatus",
-    "allreduce_sums",
-    "read_log",
-    "shard",
-]
+__all__ = sorted(_EXPORTS)
+
+MOVED = {
+    "mxoid.data_position": "mxoid.checkpoint.data_position",
+    "mxoid.dispatch": "mxoid.extensions.dispatch",
+    "mxoid.extensions.records": "mxoid.log.records",
+    "mxoid.launch_processes": "mxoid.distributed.processes",
+    "mxoid.log_files": "mxoid.log.files",
+    "mxoid.sharding": "mxoid.distributed.sharding",
+    "mxoid.updater": "mxoid.fused_updater",
+}
+"""Old module names of mxoid 0.1 -> where the module lives now (``mxoid.launch`` is kept
+as a module of its own, for ``python -m mxoid.launch``)."""
 
 
 def __getattr__(name: str) -> Any:
@@ -74,14 +70,34 @@ def __dir__() -> List[str]:
     return sorted(set(globals()) | set(__all__))
 
 
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Imports a moved module under its old name: the new module, with a warning."""
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None
+                  ) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, self)
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
+        warnings.warn(f"{spec.name} moved to {MOVED[spec.name]}; import it from there",
+                      DeprecationWarning, stacklevel=2)
+        return import_module(MOVED[spec.name])
+
+    def exec_module(self, module: Any) -> None:
+        """Nothing to run: the module is the new one, already imported."""
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.append(_MovedModules())
+
+
 if TYPE_CHECKING:  # pragma: no cover
     from .checkpoint import CheckpointError
-    from .distributed import allreduce_sums
+    from .distributed import allreduce_sums, shard
     from .executor_manager import DataParallelExecutorManager
     from .extensions import (Checkpoint, CSVLog, EarlyStopping, Evaluate, Extension, FinishAfter,
-                             JSONLinesLog, LearningRateSchedule, NaNGuard, Printing, ProgressBar,
-                             TensorBoard, Timing, TrackBest, TrainingMonitoring)
-    from .log import TrainingLog, TrainingStatus
-    from .log_files import read_log
+                             JSONLinesLog, LearningRateSchedule, NaNGuard, OnLogRecord, Printing,
+                             ProgressBar, TensorBoard, Timing, TrackBest, TrainingMonitoring)
+    from .log import TrainingLog, TrainingStatus, read_log
     from .main_loop import MainLoop
-    from .sharding import shard

@@ -5,7 +5,7 @@
     mxoid show runs/digits/log.jsonl                          # the records, a row per epoch
     mxoid show runs/digits/log.jsonl --records 'valid_*' test_accuracy
     mxoid plot runs/digits/log.jsonl -o curves.png            # learning curves
-    mxoid launch -n 2 -- python train.py                      # see mxoid.launch
+    mxoid launch -n 2 -- python train.py                      # see mxoid.distributed.launch
 
 ``python -m mxoid`` is the same command. Logs are files written by
 :class:`~mxoid.extensions.JSONLinesLog` or :class:`~mxoid.extensions.CSVLog`,
@@ -23,7 +23,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import __version__
-from .log_files import EPOCHS_DONE, ITERATION, RUN, read_log
+from .log.files import EPOCHS_DONE, ITERATION, RUN, read_log
 
 __all__ = ["PLOT_EXTRA", "InputError", "epoch_positions", "format_table", "main",
            "metric_families", "plot", "select_records", "show"]
@@ -319,7 +319,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the ``mxoid`` command with ``argv`` (``sys.argv[1:]`` by default); return its status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "launch":
-        from .launch import main as launch_main
+        from .distributed.launch import main as launch_main
         return launch_main(argv[1:])
     args = _parser().parse_args(argv)
     try:

@@ -1,14 +1,15 @@
 """One executor per device, each batch split across the devices."""
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 import numpy as np
 
 from .errors import clean_mxnet_message
 
-__all__ = ["DataParallelExecutorManager", "OutputArrays", "output_short_name", "split_batch"]
+__all__ = ["DataParallelExecutorManager", "OutputArrays", "check_contexts", "output_short_name",
+           "split_batch"]
 
 DataDescLike = Union[mx.io.DataDesc, Tuple[str, Tuple[int, ...]]]
 ArrayLike = Union[mx.nd.NDArray, np.ndarray]
@@ -37,6 +38,41 @@ class OutputArrays(dict):
     def __contains__(self, key: object) -> bool:
         return dict.__contains__(self, key) or (
             isinstance(key, str) and dict.__contains__(self, output_short_name(key)))
+
+
+def check_contexts(contexts: Any) -> List[mx.Context]:
+    """Return the devices ``contexts`` names, as a list; ``[mx.cpu()]`` for None.
+
+    Raises
+    ------
+    TypeError
+        For anything but a Context or a list of them (``'cpu'`` for instance).
+    ValueError
+        For GPUs this machine (or this build of MXNet) does not have, or a device named twice.
+    """
+    if contexts is None:
+        return [mx.cpu()]
+    if isinstance(contexts, mx.Context):
+        contexts = [contexts]
+    if isinstance(contexts, (str, bytes)) or not isinstance(contexts, (list, tuple)):
+        raise TypeError(f"contexts must be an mx.Context or a list of them, e.g. [mx.cpu()] or "
+                        f"[mx.gpu(0), mx.gpu(1)]; got {contexts!r}")
+    contexts = list(contexts)
+    for context in contexts:
+        if not isinstance(context, mx.Context):
+            raise TypeError(f"contexts must be mx.Context objects such as mx.cpu() or "
+                            f"mx.gpu(0); got {context!r} in {contexts!r}")
+    gpus = [c for c in contexts if c.device_type == "gpu"]
+    if gpus:
+        available = mx.context.num_gpus()
+        missing = [c for c in gpus if c.device_id >= available]
+        if missing:
+            where = ("this MXNet is a CPU-only build (install a CUDA build, e.g. mxnet-cu112, "
+                     "or use mx.cpu())" if available == 0 else f"this machine has {available}")
+            raise ValueError(f"contexts {missing} name GPUs that do not exist: {where}")
+    if len(set(map(str, contexts))) != len(contexts):
+        raise ValueError(f"contexts {contexts} name a device twice; give each device once")
+    return contexts
 
 
 def split_batch(batch_size: int, work_load_list: Sequence[float]) -> List[slice]:

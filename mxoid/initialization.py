@@ -7,7 +7,7 @@ import mxnet as mx
 
 from .executor_manager import DataParallelExecutorManager
 
-__all__ = ["initial_params"]
+__all__ = ["initial_params", "parameter_shapes", "shape_differences"]
 
 
 def initial_params(manager: DataParallelExecutorManager, symbol: mx.sym.Symbol,
@@ -45,3 +45,34 @@ def initial_params(manager: DataParallelExecutorManager, symbol: mx.sym.Symbol,
                 result[name] = array
         values.append(result)
     return values[0], values[1]
+
+
+Shapes = Dict[str, Tuple[int, ...]]
+
+
+def parameter_shapes(symbol: mx.sym.Symbol, input_shapes: Mapping[str, Tuple[int, ...]]
+                     ) -> Tuple[Shapes, Shapes]:
+    """The shapes of a symbol's parameters and auxiliary states for these input shapes.
+
+    Raises
+    ------
+    mxnet.base.MXNetError
+        When the symbol does not take these inputs.
+    """
+    known = {n: tuple(s) for n, s in input_shapes.items() if n in symbol.list_arguments()}
+    arg_shapes, _, aux_shapes = symbol.infer_shape(**known)
+    args = {n: tuple(s) for n, s in zip(symbol.list_arguments(), arg_shapes) if n not in known}
+    aux = {n: tuple(s) for n, s in zip(symbol.list_auxiliary_states(), aux_shapes)}
+    return args, aux
+
+
+def shape_differences(ours: Shapes, theirs: Shapes) -> str:
+    """Say how two sets of parameter shapes differ: names on one side only, other shapes."""
+    only_theirs = sorted(set(theirs) - set(ours))
+    only_ours = sorted(set(ours) - set(theirs))
+    shapes = sorted(f"{n}: {theirs[n]} saved, {ours[n]} here"
+                    for n in set(ours) & set(theirs) if ours[n] != theirs[n])
+    parts = [f"only in the checkpoint: {only_theirs}" if only_theirs else "",
+             f"only in this network: {only_ours}" if only_ours else "",
+             f"other shapes: {shapes}" if shapes else ""]
+    return "; ".join(part for part in parts if part)

@@ -1,10 +1,14 @@
-"""Ctrl-C and SIGTERM that stop training cleanly, as in Blocks.
+"""Ctrl-C and SIGTERM that stop training cleanly, as in Blocks: what a signal means, from
+its handler to the exit message.
 
 The first Ctrl-C lets the current epoch finish; a second Ctrl-C, or a
 SIGTERM (what a cluster sends before it kills a job), lets only the current
 batch finish. A third Ctrl-C aborts at once with ``KeyboardInterrupt``.
 The handlers only set flags on the loop status; the loop acts on them
-between batches.
+between batches (:func:`epoch_interrupted` after an epoch, :func:`cut_short`
+when training ends). A run that was cut short says so and how to resume
+(:func:`interruption_message`), and exits with 128 + the signal number
+(:func:`exit_status`).
 """
 from __future__ import annotations
 
@@ -12,11 +16,13 @@ import logging
 import signal
 import threading
 from types import FrameType
-from typing import Any, Dict, Optional
+import os
+from typing import Any, Dict, Optional, Sequence
 
-from .log import TrainingStatus
+from .log.status import TrainingStatus
 
-__all__ = ["InterruptHandlers"]
+__all__ = ["InterruptHandlers", "cut_short", "epoch_interrupted", "exit_status",
+           "interruption_message", "signal_number"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,3 +79,71 @@ class InterruptHandlers:
         if status.interrupted is None:
             status.interrupted = name
         status.stop_requested = True
+
+
+def signal_number(name: Optional[str]) -> int:
+    """The number of signal ``name`` (``'SIGTERM'`` -> 15); 0 for None."""
+    return int(getattr(signal, name)) if name else 0
+
+
+def exit_status(name: str) -> int:
+    """The exit status of a process stopped by signal ``name``, as a shell reports it."""
+    return 128 + signal_number(name)
+
+
+def epoch_interrupted(status: TrainingStatus) -> bool:
+    """After an epoch: a first Ctrl-C arrived, and nothing else stops training now.
+
+    Marks the status as interrupted by SIGINT when so.
+    """
+    if status.epoch_interrupt_received and not status.stop_requested:
+        status.interrupted = "SIGINT"
+        return True
+    return False
+
+
+def cut_short(status: TrainingStatus) -> bool:
+    """When training ends: whether a signal cut it short.
+
+    A signal that arrives when an extension has already asked to stop at the
+    same point (the last epoch ends, a limit is reached) cut nothing short:
+    the run is finished, not interrupted, and ``status.interrupted`` is cleared.
+    """
+    if status.interrupted is None:
+        return False
+    if status.stop_reason is not None and not status.stop_reason.startswith(
+            ("interrupted by", "rank ")):
+        logger.info("%s arrived as training finished (%s)", status.interrupted,
+                    status.stop_reason)
+        status.interrupted = None
+        return False
+    return True
+
+
+def interruption_message(status: TrainingStatus, saved: Optional[str],
+                         directories: Sequence[str]) -> str:
+    """What an interrupted run tells its user: where it stopped, and how to resume.
+
+    Parameters
+    ----------
+    saved : str or None
+        The newest checkpoint folder this process saved.
+    directories : sequence of str
+        The loop's checkpoint directories (rank 0 writes them in distributed training).
+    """
+    if saved:
+        where = (f"The last checkpoint is {saved}; resume with "
+                 f"MainLoop(..., resume_from={os.path.dirname(os.path.abspath(saved))!r}).")
+    elif directories and status.rank != 0:
+        where = (f"Rank 0 saves the checkpoints; resume with "
+                 f"MainLoop(..., resume_from={directories[0]!r}).")
+    else:
+        where = ("No checkpoint was saved: add mxoid.extensions.Checkpoint(directory) to "
+                 "resume interrupted runs.")
+    return (f"Training interrupted by {status.interrupted} after "
+            f"{_count(status.epochs_done, 'epoch')} and {_count(status.iterations_done, 'batch')}"
+            f". {where}")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}" + ("" if number == 1 else ("es" if noun.endswith("ch") else "s"))

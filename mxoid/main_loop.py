@@ -1,67 +1,45 @@
-"""The main loop: epochs of batches, with hooks into extensions."""
+"""The main loop: epochs of batches, with hooks into extensions, and the loop's own state."""
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import signal
 import sys
 import uuid
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
-import numpy as np
 
-from .data_position import DataPosition
-from .dispatch import HookDispatcher
-from .distributed import (
-    allgather,
-    exit_after_error,
-    is_distributed,
-    prepare_workers,
-    pull_parameters,
-)
-from .executor_manager import DataParallelExecutorManager
+from .checkpoint import CheckpointContents, CheckpointError, ResumeError, find_checkpoint
+from .checkpoint.data_position import DataPosition
+from .checkpoint.random_state import get_random_states, set_random_states
+from .distributed.servers import is_distributed
+from .distributed.workers import (agree_to_stop, allreduce_sums, check_equal_steps,
+                                  exit_after_error, pull_parameters)
+from .executor_manager import DataParallelExecutorManager, check_contexts
 from .extensions.base import Extension
-from .initialization import initial_params
-from .interrupt import InterruptHandlers
-from .log import TrainingLog, TrainingStatus
+from .extensions.dispatch import HookDispatcher, check_extensions
 from .extensions.saveload import Checkpoint
-from .resumption import (
-    check_compatible,
-    checkpoint_folder,
-    find_checkpoint,
-    loop_state,
-    optimizer_settings,
-    optimizer_states,
-    restore_loop,
-)
-from .update import (
-    KVStoreLike,
-    create_kvstore,
-    create_optimizer,
-    initialize_kvstore,
-    kvstore_keys,
-    local_update,
-    update_params_on_kvstore,
-)
-from .updater import create_updater
+from .initialization import initial_params, parameter_shapes, shape_differences
+from .interrupt import (InterruptHandlers, cut_short, epoch_interrupted, exit_status,
+                        interruption_message, signal_number)
+from .log import TrainingLog, TrainingStatus
+from .log.files import RESUMED_FROM
+from .log.records import TRAINING_FINISH_REQUESTED, plain_value
+from .update import KVStoreLike, create_kvstore, prepare_update
 
 __all__ = ["MainLoop"]
 
 logger = logging.getLogger(__name__)
-
-NOTHING_STOPS = (
-    "nothing can stop this loop: none of its extensions requests a stop. Add "
-    "FinishAfter(after_n_epochs=...) (or EarlyStopping, NaNGuard...), or set "
-    "stops_training = True on your own extension that calls main_loop.request_stop()")
 
 
 class MainLoop:
     """Train a symbol on a data iterator, epoch after epoch, until an extension stops it.
 
     The loop owns a :class:`DataParallelExecutorManager` (one executor per
-    context, each batch split across them), the optimizer and the kvstore.
+    context, each batch split across them) and the optimizer step
+    (:class:`mxoid.update.Update`: the optimizer, the kvstore, the updater).
     Every batch it loads the data, runs forward and backward, and updates the
     parameters, either on the kvstore or with a local updater per device.
     Extensions see the whole loop (``extension.main_loop``) at the hooks
@@ -79,6 +57,8 @@ class MainLoop:
     contexts : Context or list of Context, optional
         Devices; ``[mx.cpu()]`` by default.
     optimizer : str or mx.optimizer.Optimizer, default 'sgd'
+        A name, with ``optimizer_params``, or an optimizer object (its own
+        ``lr_mult`` / ``wd_mult`` are kept, as ``Module`` keeps them).
     optimizer_params : dict, optional
         E.g. ``{'learning_rate': 0.1, 'momentum': 0.9}``. ``rescale_grad``
         defaults to ``1 / batch_size`` (times the number of workers with
@@ -95,14 +75,14 @@ class MainLoop:
         Relative share of each device in a batch.
     extensions : sequence of Extension
         At least one of them must be able to stop training.
-    resume_from : str, optional
-        A :class:`~mxoid.extensions.Checkpoint` folder: training resumes
-        exactly where its newest whole checkpoint left it (parameters,
-        optimizer states, counters, log, extension states, random states and
-        the position of the training iterator, which must be built as for the
-        interrupted run). ``on_resumption`` fires instead of
-        ``before_training``. With no whole checkpoint there yet, training
-        starts from scratch with a warning.
+    resume_from : str or path-like, optional
+        A :class:`~mxoid.extensions.Checkpoint` directory (its newest whole
+        checkpoint) or one checkpoint folder: training resumes exactly where
+        it left off (parameters, optimizer states, counters, log, extension
+        states, random states and the position of the training iterator,
+        which must be built as for the interrupted run); ``on_resumption``
+        fires instead of ``before_training``. What it accepts, and what must
+        match, is in :mod:`mxoid.checkpoint.directory` and :meth:`load_state_dict`.
     exit_on_interrupt : bool, default True
         After Ctrl-C or SIGTERM has stopped training cleanly (``on_interrupt``
         and ``after_training`` hooks run), exit the process with status
@@ -112,15 +92,17 @@ class MainLoop:
     Attributes
     ----------
     manager : DataParallelExecutorManager
-    optimizer : mx.optimizer.Optimizer
-    kvstore : KVStore or None
-    update_on_kvstore : bool
-    updater : callable or None
-        The local updater, when the kvstore does not update.
+    update : mxoid.update.Update
+        The optimizer step; ``optimizer``, ``kvstore``, ``update_on_kvstore``
+        and ``updater`` are its attributes.
     status : TrainingStatus
     log : TrainingLog
     current_batch : mx.io.DataBatch or None
         The batch being trained, for extensions.
+    run_id : str
+        The run this loop trains, kept across resumptions (checkpoints carry it).
+    resumed_from : str or None
+        The checkpoint folder training resumed from.
 
     Notes
     -----
@@ -139,11 +121,13 @@ class MainLoop:
 
     Examples
     --------
-    >>> loop = MainLoop(net, train_iter, contexts=[mx.cpu(0), mx.cpu(1)],
-    ...                 optimizer_params={'learning_rate': 0.1},
-    ...                 extensions=[FinishAfter(after_n_epochs=5)])
-    >>> loop.run()
-    >>> arg_params, aux_params = loop.get_params()
+    .. code-block:: python
+
+        loop = MainLoop(net, train_iter, contexts=[mx.cpu(0), mx.cpu(1)],
+                        optimizer_params={"learning_rate": 0.1},
+                        extensions=[FinishAfter(after_n_epochs=5)])
+        loop.run()
+        arg_params, aux_params = loop.get_params()
     """
 
     stop_agreement_batches: int = 20
@@ -160,104 +144,86 @@ class MainLoop:
                  aux_params: Optional[Mapping[str, mx.nd.NDArray]] = None,
                  kvstore: KVStoreLike = "local", update_on_kvstore: Optional[bool] = None,
                  work_load_list: Optional[Sequence[float]] = None,
-                 extensions: Sequence[Extension] = (), resume_from: Optional[str] = None,
+                 extensions: Sequence[Extension] = (),
+                 resume_from: Optional["os.PathLike[str] | str"] = None,
                  exit_on_interrupt: bool = True) -> None:
-        given_kvstore = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
+        kv = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         try:
-            self._check_inputs(symbol, train_data, initializer)
-            self.extensions = _check_extensions(extensions)
+            _check_inputs(symbol, train_data, initializer)
+            self.extensions = check_extensions(extensions)
             self.symbol = symbol
             self.train_data = train_data
-            self.contexts = _check_contexts(contexts)
+            self.contexts = check_contexts(contexts)
             self.exit_on_interrupt = exit_on_interrupt
             self.run_id = uuid.uuid4().hex
+            self.resumed_from: Optional[str] = None
+            self.current_batch: Optional[mx.io.DataBatch] = None
             self.manager = DataParallelExecutorManager(
                 symbol, self.contexts, train_data.provide_data, train_data.provide_label,
                 work_load_list=work_load_list)
-            self.kvstore, self.update_on_kvstore = create_kvstore(
-                kvstore, len(self.contexts), update_on_kvstore)
-            self._collective = is_distributed(self.kvstore)
+            kv, on_kvstore = create_kvstore(kvstore, len(self.contexts), update_on_kvstore)
+            self._collective = is_distributed(kv)
             self._stop_everywhere = False
             self.data_position = DataPosition(train_data)
             checkpoint = find_checkpoint(
                 resume_from, [e.directory for e in self.extensions if isinstance(e, Checkpoint)],
-                functools.partial(check_compatible, self))
+                lambda contents: self._check_checkpoint(contents, on_kvstore))
             if checkpoint is not None:
                 arg_params, aux_params = checkpoint.arg_params, checkpoint.aux_params
-            self._set_up_training(initializer, arg_params, aux_params, optimizer,
-                                  optimizer_params)
+            arg_values, aux_values = initial_params(self.manager, symbol, initializer,
+                                                     arg_params, aux_params)
+            # Before the kvstore is initialized: with several devices it holds
+            # the master copy, which would overwrite values set later.
+            self.manager.set_params(arg_values, aux_values)
+            self.update = prepare_update(self.manager, symbol, kv, on_kvstore, optimizer,
+                                         optimizer_params, arg_values)
+            if self._collective:
+                check_equal_steps(kv, train_data)
             self.log = TrainingLog()
             self.status: TrainingStatus = self.log.status
-            if self.kvstore is not None:
-                self.status.rank = self.kvstore.rank
-                self.status.num_workers = self.kvstore.num_workers
-            self.current_batch: Optional[mx.io.DataBatch] = None
-            for extension in self.extensions:
-                extension.main_loop = self
+            if kv is not None:
+                self.status.rank, self.status.num_workers = kv.rank, kv.num_workers
             self.dispatcher = HookDispatcher(self.extensions, rank=self.status.rank)
-            self.resumed_from: Optional[str] = None
+            for extension in self.extensions:
+                extension.attach(self)
             if checkpoint is not None:
-                restore_loop(self, checkpoint)
-                self.resumed_from = checkpoint.path
+                self.load_state_dict(checkpoint)
         except BaseException as error:
-            kv = getattr(self, "kvstore", None) or given_kvstore
             if is_distributed(kv):  # the other workers would wait for this one forever
                 exit_after_error(error, kv.rank)
             raise
 
-    # ----------------------------------------------------------------- setup
-    @staticmethod
-    def _check_inputs(symbol: Any, train_data: Any, initializer: Any) -> None:
-        if not isinstance(symbol, mx.sym.Symbol):
-            raise TypeError(f"symbol must be an mx.sym.Symbol, not {type(symbol).__name__}")
-        for attribute in ("provide_data", "provide_label", "reset"):
-            if not hasattr(train_data, attribute):
-                raise TypeError(f"train_data must be an mx.io.DataIter (it has no {attribute}); "
-                                f"got {type(train_data).__name__}")
-        if initializer is not None and not isinstance(initializer, mx.init.Initializer):
-            raise TypeError(f"initializer must be an mx.init.Initializer such as "
-                            f"mx.init.Xavier(), not {type(initializer).__name__} "
-                            f"({initializer!r})")
+    # ------------------------------------------------------ the optimizer step
+    @property
+    def optimizer(self) -> mx.optimizer.Optimizer:
+        """The optimizer that updates the parameters."""
+        return self.update.optimizer
 
-    def _set_up_training(self, initializer: Optional[mx.init.Initializer],
-                         arg_params: Optional[Mapping[str, mx.nd.NDArray]],
-                         aux_params: Optional[Mapping[str, mx.nd.NDArray]],
-                         optimizer: Union[str, mx.optimizer.Optimizer],
-                         optimizer_params: Optional[Dict[str, Any]]) -> None:
-        """Initial parameters on the devices, the optimizer, the kvstore and the updater."""
-        manager = self.manager
-        arg_values, aux_values = initial_params(manager, self.symbol, initializer,
-                                                 arg_params, aux_params)
-        # Before the kvstore is initialized: with several devices it holds
-        # the master copy, which would overwrite values set later.
-        manager.set_params(arg_values, aux_values)
-        self.optimizer = create_optimizer(
-            optimizer, optimizer_params, symbol=self.symbol, param_names=manager.param_names,
-            num_devices=len(self.contexts), batch_size=manager.batch_size, kvstore=self.kvstore,
-            update_on_kvstore=self.update_on_kvstore)
-        self.optimizer_settings = optimizer_settings(self.optimizer)
-        if self.kvstore is not None:
-            initialize_kvstore(self.kvstore, manager.param_arrays, arg_values,
-                               manager.param_names, self.update_on_kvstore,
-                               kvstore_keys(self.kvstore, manager.param_names))
-            if is_distributed(self.kvstore):  # the servers' optimizer, equal steps, reductions
-                prepare_workers(self.kvstore, self.optimizer if self.update_on_kvstore else None,
-                                len(manager.param_names), self.train_data, self.extensions)
-            elif self.update_on_kvstore:
-                # What kvstore.set_optimizer does on one machine, with the faster updater.
-                self.kvstore._set_updater(create_updater(self.optimizer))
-        self.updater = None if self.update_on_kvstore else create_updater(self.optimizer)
-        self._update = self._make_update()
+    @property
+    def kvstore(self) -> Optional[mx.kv.KVStore]:
+        """The kvstore summing gradients over devices and workers, or None."""
+        return self.update.kvstore
 
-    # ----------------------------------------------------------------- setup
-    def _make_update(self):
-        manager = self.manager
-        keys = kvstore_keys(self.kvstore, manager.param_names)
-        if self.update_on_kvstore:
-            return functools.partial(update_params_on_kvstore, manager.param_arrays,
-                                     manager.grad_arrays, self.kvstore, keys)
-        return local_update(manager.param_arrays, manager.grad_arrays, self.updater,
-                            len(self.contexts), self.kvstore, keys)
+    @property
+    def update_on_kvstore(self) -> bool:
+        """Whether the kvstore (or the servers) runs the optimizer."""
+        return self.update.update_on_kvstore
+
+    @property
+    def updater(self) -> Optional[mx.optimizer.Updater]:
+        """The local updater, when the kvstore does not update."""
+        return self.update.updater
+
+    def reduction(self, extension: Extension) -> Any:
+        """What ``extension`` uses to sum its ``(sum, count)`` totals over the workers.
+
+        None without a distributed kvstore, or for an extension that runs on
+        rank 0 only (a reduction needs every worker); otherwise a function
+        of the totals (:func:`mxoid.distributed.allreduce_sums` on this kvstore).
+        """
+        if not self._collective or extension.rank_zero_only:
+            return None
+        return lambda totals: allreduce_sums(self.kvstore, extension.name, totals)
 
     # -------------------------------------------------------------- training
     def run(self) -> "MainLoop":
@@ -269,8 +235,8 @@ class MainLoop:
             Whatever training or a hook raised, after the ``on_error`` hooks ran
             and the error was recorded in the log (record ``error``). On a
             distributed kvstore the worker instead prints the traceback and
-            exits with status 1 (:func:`mxoid.distributed.exit_after_error`):
-            it would otherwise hang at exit, waiting for the other workers.
+            exits (:func:`mxoid.distributed.exit_after_error`): it would
+            otherwise hang at exit, waiting for the other workers.
         """
         status = self.status
         fire = self.dispatcher.fire
@@ -299,54 +265,37 @@ class MainLoop:
                     fire("after_epoch")
                     if self._collective:
                         self._agree_to_stop(epoch_end=True)
-                    elif status.epoch_interrupt_received and not status.stop_requested:
-                        status.interrupted = "SIGINT"  # the first Ctrl-C: the epoch is done
+                    elif epoch_interrupted(status):
                         self.request_stop("interrupted by SIGINT")
-                self._end_interruption()
+                if cut_short(status):
+                    self.request_stop(f"interrupted by {status.interrupted}")
+                    fire("on_interrupt")
                 status.training_finished = True
                 self.manager.reconcile_aux_states()
                 self.synchronize()
-                if is_distributed(self.kvstore) and self.update_on_kvstore:
+                if self._collective and self.update_on_kvstore:
                     pull_parameters(self.kvstore, self.manager.param_names,
                                     self.manager.param_arrays)  # dist_async: end equal
                 fire("after_training")
         except BaseException as error:
-            if is_distributed(self.kvstore):  # would hang at exit in ps-lite's finalize barrier
-                if isinstance(error, Exception):
-                    self._handle_error(error)
+            if isinstance(error, Exception):
+                self._record_error(error)
+            if self._collective:  # would hang at exit in ps-lite's finalize barrier
                 exit_after_error(error, status.rank)
-            if not isinstance(error, Exception):
-                raise
-            self._handle_error(error)
             raise
         if status.interrupted is not None:
-            self._report_interruption()
+            saved = self.log.last("checkpoint_saved_to", None)
+            directories = [e.directory for e in self.extensions if isinstance(e, Checkpoint)]
+            print(interruption_message(status, saved, directories), file=sys.stderr, flush=True)
+            if self.exit_on_interrupt:
+                raise SystemExit(exit_status(status.interrupted))
         return self
-
-    def _end_interruption(self) -> None:
-        """Decide whether a signal cut training short, and if so fire ``on_interrupt``.
-
-        A signal that arrives when an extension has already asked to stop at
-        the same point (the last epoch ends, a limit is reached) cut nothing
-        short: the run is finished, not interrupted.
-        """
-        status = self.status
-        if status.interrupted is None:
-            return
-        if status.stop_reason is not None and not status.stop_reason.startswith(
-                ("interrupted by", "rank ")):
-            logger.info("%s arrived as training finished (%s)", status.interrupted,
-                        status.stop_reason)
-            status.interrupted = None
-            return
-        self.request_stop(f"interrupted by {status.interrupted}")
-        self.dispatcher.fire("on_interrupt")
 
     def _run_epoch(self) -> bool:
         """Train the rest of the epoch; return False when a stop was requested mid-epoch."""
         status = self.status
         manager = self.manager
-        update = self._update
+        step = self.update.step
         before_batch = self.dispatcher.runner("before_batch")
         after_batch = self.dispatcher.runner("after_batch")
         trained = status.iterations_done_in_epoch
@@ -357,7 +306,7 @@ class MainLoop:
             manager.load_data_batch(batch)
             manager.forward(is_train=True)
             manager.backward()
-            update()
+            step()
             status.iterations_done += 1
             status.iterations_done_in_epoch += 1
             if after_batch is not None:
@@ -392,7 +341,7 @@ class MainLoop:
         if status.stop_reason is None:
             status.stop_requested = True
             status.stop_reason = reason
-            self.log.current_row["training_finish_requested"] = reason
+            self.log.current_row[TRAINING_FINISH_REQUESTED] = reason
             logger.info("stop requested: %s", reason)
 
     def _stop_deferred(self) -> bool:
@@ -402,71 +351,29 @@ class MainLoop:
     def _agree_to_stop(self, epoch_end: bool) -> bool:
         """A collective call: stop every worker when any worker asked to; return whether."""
         status = self.status
-        signal_number = int(getattr(signal, status.interrupted)) if status.interrupted else 0
-        wants = status.stop_requested or (epoch_end and status.epoch_interrupt_received)
-        rows = allgather(self.kvstore, "stop_agreement", [float(wants), float(signal_number),
-                                                          float(epoch_end and
-                                                                status.epoch_interrupt_received)])
-        if not rows[:, 0].any():
+        agreed = agree_to_stop(self.kvstore,
+                               status.stop_requested or (epoch_end and status.epoch_interrupt_received),
+                               signal_number(status.interrupted),
+                               epoch_end and status.epoch_interrupt_received)
+        if agreed is None:
             return False
-        signals = [int(number) for number in rows[:, 1] if number]
-        if status.interrupted is None and (signals or rows[:, 2].any()):
-            status.interrupted = signal.Signals(signals[0] if signals else signal.SIGINT).name
+        rank, number, epoch_interrupt = agreed
+        if status.interrupted is None and (number or epoch_interrupt):
+            status.interrupted = signal.Signals(number).name if number else "SIGINT"
         if status.stop_reason is None:
-            first = int(np.flatnonzero(rows[:, 0])[0])
             what = (f"was interrupted by {status.interrupted}" if status.interrupted
                     else "asked to stop")
-            self.request_stop(f"rank {first} {what}")
+            self.request_stop(f"rank {rank} {what}")
         self._stop_everywhere = True
         return True
 
-    def _report_interruption(self) -> None:
-        status = self.status
-        saved = self.log.last("checkpoint_saved_to", None)
-        directories = [e.directory for e in self.extensions if isinstance(e, Checkpoint)]
-        if saved:
-            where = (f"The last checkpoint is {saved}; resume with "
-                     f"MainLoop(..., resume_from={checkpoint_folder(saved)!r}).")
-        elif directories and status.rank != 0:
-            where = (f"Rank 0 saves the checkpoints; resume with "
-                     f"MainLoop(..., resume_from={directories[0]!r}).")
-        else:
-            where = ("No checkpoint was saved: add mxoid.extensions.Checkpoint(directory) to "
-                     "resume interrupted runs.")
-        message = (f"Training interrupted by {status.interrupted} after "
-                   f"{_count(status.epochs_done, 'epoch')} and "
-                   f"{_count(status.iterations_done, 'batch')}. {where}")
-        print(message, file=sys.stderr, flush=True)
-        if self.exit_on_interrupt:
-            raise SystemExit(128 + int(getattr(signal, status.interrupted)))
-
-    def _handle_error(self, error: BaseException) -> None:
+    def _record_error(self, error: Exception) -> None:
         origin = getattr(error, "mxoid_origin", None)
         where = f" (in extension {origin[0]!r}, hook {origin[1]})" if origin else ""
         self.log.current_row["error"] = f"{type(error).__name__}: {error}{where}"
-        for handler in self.dispatcher.handlers["on_error"]:
-            try:
-                handler.method(error)
-            except Exception as secondary:  # an on_error hook must not hide the first error
-                logger.error("on_error of %r failed: %s", handler.extension.name, secondary)
+        self.dispatcher.fire_on_error(error)
 
-    # ------------------------------------------------------------ checkpoints
-    def state_dict(self) -> Dict[str, Any]:
-        """Return the loop's state as plain JSON-ready data, for a checkpoint.
-
-        Holds the log (with the status), each extension's ``state_dict()``,
-        NumPy's and Python's random states and the training iterator's
-        position. Parameters and optimizer states are saved apart, in MXNet's
-        own formats (see :mod:`mxoid.checkpoint`).
-        """
-        return loop_state(self)
-
-    def optimizer_states(self) -> Optional[bytes]:
-        """Return the optimizer and its states as MXNet dumps them, or None with a
-        distributed kvstore (whose states live on the servers)."""
-        return optimizer_states(self)
-
-    # ------------------------------------------------------------ parameters
+    # ------------------------------------------------------------ the network
     def synchronize(self) -> None:
         """Wait for the training step in flight to be computed.
 
@@ -484,12 +391,126 @@ class MainLoop:
         Waits for the training step in flight. On several devices, each
         device's BatchNorm statistics (auxiliary states) are first averaged
         and written back to every device (see the Notes of
-        :class:`MainLoop`), so the model returned is the one
-        every device then holds, evaluates and checkpoints.
+        :class:`MainLoop`), so the model returned is the one every device
+        then holds, evaluates and checkpoints.
         """
         self.manager.reconcile_aux_states()
         return self.manager.get_params()
 
+    def optimizer_states(self) -> Optional[bytes]:
+        """The optimizer and its states as MXNet dumps them, or None with a distributed
+        kvstore (whose states live on the servers)."""
+        return self.update.states()
+
+    # ------------------------------------------------------------ its state
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the loop's state as plain JSON-ready data, for a checkpoint.
+
+        Holds the log (records as plain values, see
+        :func:`mxoid.log.records.plain_value`) with the status, each
+        extension's ``state_dict()``, NumPy's and Python's random states, the
+        training iterator's position, and what :meth:`load_state_dict`
+        checks: the run, the devices, the batch size, the optimizer's
+        settings. Parameters and optimizer states are saved apart, in MXNet's
+        own formats (see :mod:`mxoid.checkpoint.format`).
+        """
+        log_state = self.log.state_dict()
+        log_state["rows"] = [[i, {k: plain_value(v) for k, v in row.items()}]
+                             for i, row in log_state["rows"]]
+        return {"log": log_state,
+                "status": self.status.state_dict(),
+                "extensions": self.dispatcher.state_dict(),
+                "random": get_random_states(),
+                "data_position": self.data_position.state_dict(),
+                "num_devices": len(self.contexts),
+                "update_on_kvstore": self.update_on_kvstore,
+                "batch_size": self.manager.batch_size,
+                "run_id": self.run_id,
+                "optimizer": self.update.settings}
+
+    def load_state_dict(self, checkpoint: CheckpointContents) -> None:
+        """Continue the run of ``checkpoint``: its optimizer states, log, status, extension
+        states, iterator position and random states (the parameters are set at construction).
+
+        What must match was checked when the checkpoint was chosen (see
+        :meth:`_check_checkpoint`); optimizer settings given to this loop that
+        differ from those the run started with win, with a warning each.
+        """
+        state = checkpoint.loop_state
+        if checkpoint.optimizer_states is not None:
+            started = (state.get("optimizer") or {}).get("settings", {})
+            for change in self.update.load_states(checkpoint.optimizer_states, started,
+                                                  checkpoint.path):
+                warnings.warn(f"resuming from {checkpoint.path} with {change}", stacklevel=3)
+        self.log.load_state_dict(state["log"])
+        self.log.current_row[RESUMED_FROM] = checkpoint.path
+        status = self.status
+        status.load_state_dict(state["status"])
+        status.stop_requested, status.stop_reason = False, None
+        status.training_finished, status.epoch_interrupt_received = False, False
+        status.interrupted = None
+        if self.kvstore is not None:
+            status.rank, status.num_workers = self.kvstore.rank, self.kvstore.num_workers
+        self.run_id = state.get("run_id") or checkpoint.run_id or self.run_id
+        try:
+            self.dispatcher.load_state_dict(state["extensions"])
+        except ValueError as error:
+            raise CheckpointError(f"checkpoint {checkpoint.path}: {error}") from None
+        self.data_position.restore(state["data_position"], status.epochs_done,
+                                   status.epoch_started, status.iterations_done_in_epoch)
+        set_random_states(state["random"])
+        if state.get("mxnet_seed") is not None:
+            mx.random.seed(int(state["mxnet_seed"]))
+        self.resumed_from = checkpoint.path
+        logger.info("resumed from %s after %d epochs, %d batches", checkpoint.path,
+                    status.epochs_done, status.iterations_done)
+
+    def _check_checkpoint(self, contents: CheckpointContents, update_on_kvstore: bool) -> None:
+        """Raise when ``contents`` cannot resume this loop.
+
+        :class:`ResumeError` when it is of another training (the network,
+        devices, where the optimizer runs, the batch size, the data);
+        :class:`CheckpointError` when it lacks something its own network
+        needs (it is damaged: an earlier checkpoint is tried).
+        """
+        where = contents.path
+        manager = self.manager
+        inputs = {d.name: tuple(d.shape) for d in manager.data_descs + manager.label_descs}
+        ours = parameter_shapes(self.symbol, inputs)
+        try:
+            theirs = parameter_shapes(mx.sym.load_json(contents.symbol_json), inputs)
+        except mx.base.MXNetError:
+            raise ResumeError(f"checkpoint {where} was saved from another network: its symbol "
+                              "does not take this loop's inputs. Resume with the network it was "
+                              "trained with, or start a new run from its parameters") from None
+        if theirs != ours:
+            raise ResumeError(f"checkpoint {where} was saved from another network ("
+                              f"{shape_differences({**ours[0], **ours[1]}, {**theirs[0], **theirs[1]})}"
+                              "). Resume with the network it was trained with, or start a new "
+                              "run from its parameters (MainLoop(..., arg_params=...))")
+        for kind, saved, expected in (("parameter", contents.arg_params, ours[0]),
+                                      ("auxiliary state", contents.aux_params, ours[1])):
+            missing = sorted(set(expected) - set(saved))
+            wrong = sorted(n for n in set(expected) & set(saved)
+                           if tuple(saved[n].shape) != expected[n])
+            if missing or wrong:
+                raise CheckpointError(f"checkpoint {where} is damaged: its {kind}s {missing} "
+                                      f"are missing, {wrong} have other shapes than its network's")
+        state = contents.loop_state
+        for key, here in (("num_devices", len(self.contexts)),
+                          ("update_on_kvstore", update_on_kvstore),
+                          ("batch_size", manager.batch_size)):
+            if key in state and state[key] != here:
+                raise ResumeError(f"checkpoint {where} was saved with {key}={state[key]}, this "
+                                  f"loop has {key}={here}; exact resumption needs the same. "
+                                  "Resume with the same setting, or start a new run from the "
+                                  "checkpoint's parameters (MainLoop(..., arg_params=...))")
+        if contents.optimizer_states is None and not (self._collective and update_on_kvstore):
+            raise CheckpointError(f"checkpoint {where} is damaged: it lacks optimizer.states "
+                                  "(the momentum and update counts)")
+        self.data_position.check(state["data_position"], where)
+
+    # -------------------------------------------------------------- profile
     def profile(self) -> List[tuple]:
         """Return ``(extension, hook, calls, seconds)`` per dispatched hook, slowest first."""
         return self.dispatcher.profile()
@@ -502,60 +523,13 @@ class MainLoop:
             print(f"{name:<24}{hook:<18}{calls:>10}{seconds:>12.4f}{per_call:>10.1f}")
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" + ("" if number == 1 else ("es" if noun.endswith("ch") else "s"))
-
-
-def _check_contexts(contexts: Any) -> List[mx.Context]:
-    if contexts is None:
-        return [mx.cpu()]
-    if isinstance(contexts, mx.Context):
-        contexts = [contexts]
-    if isinstance(contexts, (str, bytes)) or not isinstance(contexts, (list, tuple)):
-        raise TypeError(f"contexts must be an mx.Context or a list of them, e.g. [mx.cpu()] or "
-                        f"[mx.gpu(0), mx.gpu(1)]; got {contexts!r}")
-    contexts = list(contexts)
-    for context in contexts:
-        if not isinstance(context, mx.Context):
-            raise TypeError(f"contexts must be mx.Context objects such as mx.cpu() or "
-                            f"mx.gpu(0); got {context!r} in {contexts!r}")
-    gpus = [c for c in contexts if c.device_type == "gpu"]
-    if gpus:
-        available = mx.context.num_gpus()
-        missing = [c for c in gpus if c.device_id >= available]
-        if missing:
-            where = ("this MXNet is a CPU-only build (install a CUDA build, e.g. mxnet-cu112, "
-                     "or use mx.cpu())" if available == 0 else f"this machine has {available}")
-            raise ValueError(f"contexts {missing} name GPUs that do not exist: {where}")
-    if len(set(map(str, contexts))) != len(contexts):
-        raise ValueError(f"contexts {contexts} name a device twice; give each device once")
-    return contexts
-
-
-def _check_extensions(extensions: Sequence[Extension]) -> List[Extension]:
-    if isinstance(extensions, Extension):
-        raise TypeError(f"extensions must be a list of extensions; got a single "
-                        f"{type(extensions).__name__}: pass extensions=[{extensions.name}(...)]")
-    if isinstance(extensions, (str, bytes)) or not hasattr(extensions, "__iter__"):
-        raise TypeError(f"extensions must be a list of mxoid.Extension objects, not "
-                        f"{type(extensions).__name__}")
-    extensions = list(extensions)
-    for extension in extensions:
-        if not isinstance(extension, Extension):
-            raise TypeError(f"extensions must be mxoid.Extension instances; got "
-                            f"{type(extension).__name__} ({extension!r})")
-    if not any(extension.stops_training for extension in extensions):
-        raise ValueError(NOTHING_STOPS)
-    for attribute, what in (("path", "log file"), ("directory", "checkpoint directory")):
-        seen: Dict[str, Extension] = {}
-        for extension in extensions:
-            value = getattr(extension, attribute, None)
-            if not isinstance(value, str):
-                continue
-            key = os.path.abspath(value)
-            if key in seen:
-                raise ValueError(f"{seen[key].name} and {extension.name} both write the "
-                                 f"{what} {value}: they would overwrite each other; give each "
-                                 "its own")
-            seen[key] = extension
-    return extensions
+def _check_inputs(symbol: Any, train_data: Any, initializer: Any) -> None:
+    if not isinstance(symbol, mx.sym.Symbol):
+        raise TypeError(f"symbol must be an mx.sym.Symbol, not {type(symbol).__name__}")
+    for attribute in ("provide_data", "provide_label", "reset"):
+        if not hasattr(train_data, attribute):
+            raise TypeError(f"train_data must be an mx.io.DataIter (it has no {attribute}); "
+                            f"got {type(train_data).__name__}")
+    if initializer is not None and not isinstance(initializer, mx.init.Initializer):
+        raise TypeError(f"initializer must be an mx.init.Initializer such as mx.init.Xavier(), "
+                        f"not {type(initializer).__name__} ({initializer!r})")

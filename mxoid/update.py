@@ -4,17 +4,30 @@ Plain functions, as in MXNet's own ``model.py``: a kvstore is created and
 initialized once, then every batch either pushes the gradients to the
 kvstore, which runs the optimizer (:func:`update_params_on_kvstore`), or
 sums them through it and runs one local updater per device
-(:func:`update_params`).
+(:func:`update_params`). :func:`prepare_update` does the whole set-up for a
+loop in one call and returns an :class:`Update`: the optimizer, where it
+runs, where its states live, and the function the loop calls every batch.
 """
 from __future__ import annotations
 
+import functools
 import warnings
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 
+from .checkpoint.format import ResumeError
+from .distributed.servers import is_asynchronous, is_distributed, set_server_optimizer
+from .fused_updater import create_updater
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .executor_manager import DataParallelExecutorManager
+
 __all__ = [
     "KVStoreLike",
+    "Update",
+    "optimizer_settings",
+    "prepare_update",
     "create_kvstore",
     "create_optimizer",
     "initialize_kvstore",
@@ -101,7 +114,7 @@ def create_optimizer(optimizer: Union[str, mx.optimizer.Optimizer],
     else:
         idx2name = {i * num_devices + k: name
                     for i, name in enumerate(param_names) for k in range(num_devices)}
-    synchronous = kvstore is not None and "dist" in kvstore.type and "async" not in kvstore.type
+    synchronous = is_distributed(kvstore) and not is_asynchronous(kvstore)
     workers = kvstore.num_workers if synchronous else 1
     rescale_grad = 1.0 / (batch_size * workers)
     if isinstance(optimizer, mx.optimizer.Optimizer):
@@ -153,7 +166,7 @@ def kvstore_keys(kvstore: Optional[mx.kvstore.KVStore], param_names: Sequence[st
     index is what the optimizer's index-to-name map expects. A distributed
     kvstore keeps the names, which its servers number in the same order.
     """
-    if kvstore is not None and "dist" in kvstore.type:
+    if is_distributed(kvstore):
         return list(param_names)
     return list(range(len(param_names)))
 
@@ -229,3 +242,149 @@ def update_params(param_arrays: List[List[mx.nd.NDArray]], grad_arrays: List[Lis
         on device ``k`` is ``i * num_devices + k``.
     """
     local_update(param_arrays, grad_arrays, updater, num_devices, kvstore, keys)()
+
+
+_NOT_SETTINGS = ("begin_num_update", "num_update", "idx2name", "sym_info", "param_dict",
+                 "aggregate_num", "allow_np_array")
+
+
+def optimizer_settings(optimizer: mx.optimizer.Optimizer) -> Dict[str, Any]:
+    """The optimizer's type and settings (not its state: no update counts), as plain data."""
+    settings: Dict[str, Any] = {}
+    for name, value in vars(optimizer).items():
+        if name.startswith("_") or name in _NOT_SETTINGS:
+            continue
+        if name in ("lr_mult", "wd_mult"):
+            settings[name] = {str(k): float(v) for k, v in value.items()}
+        elif name == "lr_scheduler":
+            settings[name] = None if value is None else type(value).__name__
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            settings[name] = value
+    return {"type": type(optimizer).__name__, "settings": settings}
+
+
+class Update:
+    """The optimizer step of a loop, as :func:`prepare_update` sets it up.
+
+    Attributes
+    ----------
+    kvstore : KVStore or None
+    update_on_kvstore : bool
+        Whether the kvstore (its updater, or the servers) runs the optimizer.
+    optimizer : mx.optimizer.Optimizer
+        The optimizer that updates the parameters (replaced by
+        :meth:`load_states`: the checkpoint's).
+    updater : mx.optimizer.Updater or None
+        The local updater, when the kvstore does not update.
+    settings : dict
+        :func:`optimizer_settings` of the optimizer as the loop was given it.
+    step : callable
+        Called with no argument after every backward pass: sums the gradients
+        and updates the parameters on every device.
+    """
+
+    def __init__(self, kvstore: Optional[mx.kvstore.KVStore], update_on_kvstore: bool,
+                 optimizer: mx.optimizer.Optimizer, updater: Optional[mx.optimizer.Updater],
+                 step: Callable[[], None]) -> None:
+        self.kvstore = kvstore
+        self.update_on_kvstore = update_on_kvstore
+        self.optimizer = optimizer
+        self.updater = updater
+        self.settings = optimizer_settings(optimizer)
+        self.step = step
+
+    def _states_updater(self) -> Optional[mx.optimizer.Updater]:
+        """The updater holding the optimizer states here; None when the servers hold them."""
+        if self.update_on_kvstore:
+            return getattr(self.kvstore, "_updater", None)
+        return self.updater
+
+    def states(self) -> Optional[bytes]:
+        """The optimizer and its states as MXNet dumps them, or None with a distributed
+        kvstore that updates (the states live on the servers)."""
+        updater = self._states_updater()
+        return None if updater is None else updater.get_states(dump_optimizer=True)
+
+    def load_states(self, states: bytes, started: Mapping[str, Any], where: str) -> List[str]:
+        """Take the optimizer and states of a checkpoint; return the settings changed.
+
+        The checkpoint's optimizer replaces this one, with its states (momentum,
+        update counts, schedule), except for the settings this loop was given
+        that differ from those the saved run ``started`` with: the new value wins.
+
+        Raises
+        ------
+        ResumeError
+            When the checkpoint's optimizer is of another type.
+        """
+        updater = self._states_updater()
+        given = self.settings
+        updater.set_states(states)
+        restored = updater.optimizer
+        if type(restored).__name__ != given["type"]:
+            raise ResumeError(
+                f"checkpoint {where} was trained with the optimizer {type(restored).__name__}, "
+                f"this loop has {given['type']}; its states (momentum, moments) do not fit "
+                f"another optimizer. Resume with optimizer={type(restored).__name__.lower()!r}, "
+                "or start a new run from the checkpoint's parameters")
+        changes = []
+        for name, value in given["settings"].items():
+            before = started.get(name, value)
+            if before == value:
+                continue
+            if name == "lr_scheduler":
+                changes.append(f"the optimizer's lr_scheduler changed ({before} -> {value}); "
+                               "the checkpoint's scheduler and its state are kept")
+                continue
+            current = getattr(restored, name, None)
+            if name in ("lr_mult", "wd_mult"):
+                getattr(restored, name).clear()
+                getattr(restored, name).update(getattr(self.optimizer, name))
+            elif name == "lr" and restored.lr_scheduler is not None:
+                restored.lr_scheduler.base_lr = value
+            else:
+                setattr(restored, name, value)
+            changes.append(f"the optimizer's {name}={value!r} given to this MainLoop (the run "
+                           f"started with {before!r}, and had {current!r} when saved); its "
+                           "state is kept")
+        restored.idx2name = self.optimizer.idx2name.copy()
+        self.optimizer = restored
+        if hasattr(updater, "_plans"):
+            updater._plans.clear()
+        return changes
+
+
+def prepare_update(manager: "DataParallelExecutorManager", symbol: mx.sym.Symbol,
+                   kvstore: Optional[mx.kvstore.KVStore], update_on_kvstore: bool,
+                   optimizer: Union[str, mx.optimizer.Optimizer],
+                   optimizer_params: Optional[Dict[str, object]],
+                   arg_params: Dict[str, mx.nd.NDArray]) -> Update:
+    """Set up the optimizer step: the optimizer, the kvstore's contents, the updater.
+
+    Call it once the devices hold the initial parameters (``arg_params``, host
+    copies: they go on the kvstore). With a distributed kvstore the servers
+    get their :class:`~mxoid.distributed.ServerOptimizer` (a collective
+    call). On one machine an updating kvstore gets mxoid's faster updater.
+    """
+    optimizer = create_optimizer(
+        optimizer, optimizer_params, symbol=symbol, param_names=manager.param_names,
+        num_devices=len(manager.contexts), batch_size=manager.batch_size, kvstore=kvstore,
+        update_on_kvstore=update_on_kvstore)
+    keys = kvstore_keys(kvstore, manager.param_names)
+    updater = None if update_on_kvstore else create_updater(optimizer)
+    if kvstore is not None:
+        initialize_kvstore(kvstore, manager.param_arrays, arg_params, manager.param_names,
+                           update_on_kvstore, keys)
+        if is_distributed(kvstore):
+            set_server_optimizer(kvstore, optimizer if update_on_kvstore else None,
+                                 len(manager.param_names))
+        elif update_on_kvstore:
+            # What kvstore.set_optimizer does on one machine, with the faster updater.
+            kvstore._set_updater(create_updater(optimizer))
+    if update_on_kvstore:
+        step = functools.partial(update_params_on_kvstore, manager.param_arrays,
+                                 manager.grad_arrays, kvstore, keys)
+    else:
+        step = local_update(manager.param_arrays, manager.grad_arrays, updater,
+                            len(manager.contexts), kvstore, keys)
+    return Update(kvstore, update_on_kvstore, optimizer, updater, step)

@@ -20,8 +20,7 @@ import pytest
 
 from mxoid import (Checkpoint, CheckpointError, CSVLog, EarlyStopping, Evaluate, Extension,
                    FinishAfter, JSONLinesLog, MainLoop, NaNGuard, TrainingMonitoring, read_log)
-from mxoid.checkpoint import DirectoryLock, list_checkpoints, read_checkpoint
-from mxoid.resumption import ResumeError
+from mxoid.checkpoint import DirectoryLock, ResumeError, list_checkpoints, read_checkpoint
 
 from conftest import classification_data, initial_params, mlp
 from scripted import Script, small_loop
@@ -82,6 +81,7 @@ def test_a_new_run_beside_an_older_one_keeps_its_checkpoints_and_is_resumed(tmp_
     np.random.seed(5)
     train = mx.io.NDArrayIter(X, y, batch_size=20, shuffle=True, label_name="softmax_label")
     loop = MainLoop(net, train, arg_params=initial_params(net, (20, 10)), optimizer="adam",
+                    optimizer_params={"learning_rate": 0.01},
                     extensions=[FinishAfter(after_n_batches=4),
                                 Checkpoint(str(tmp_path), every_n_batches=3, require_empty=False)])
     loop.run()

@@ -11,7 +11,7 @@ import pytest
 
 from mxoid import CSVLog, Evaluate, FinishAfter, JSONLinesLog, MainLoop, TrainingMonitoring
 from mxoid.cli import PLOT_EXTRA, epoch_positions, main, metric_families
-from mxoid.log_files import read_log
+from mxoid.log.files import read_log
 
 from conftest import classification_data, mlp
 

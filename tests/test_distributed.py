@@ -3,7 +3,7 @@
 Each job runs tests/dist_scripts/dist_worker.py on two workers: an MLP
 trained with ``MainLoop`` on ``dist_sync`` or ``dist_async``, with Evaluate
 on each worker's shard of a validation set. The helpers of
-:mod:`mxoid.distributed` and :mod:`mxoid.sharding` that need no kvstore are
+:mod:`mxoid.distributed` and :mod:`mxoid.distributed.sharding` that need no kvstore are
 tested in this process.
 """
 import json
@@ -16,7 +16,8 @@ import pytest
 
 from mxoid import Evaluate, FinishAfter, MainLoop, distributed
 from mxoid.distributed import ServerOptimizer, allgather, allreduce_sums
-from mxoid.sharding import shard, shard_arrays, steps_per_epoch
+from mxoid.checkpoint.data_position import batches_per_epoch
+from mxoid.distributed.sharding import shard, shard_arrays
 
 SCRIPTS = Path(__file__).parent / "dist_scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -158,14 +159,14 @@ def test_strided_shards_together_make_the_batches_of_one_process():
     np.testing.assert_array_equal(np.sort(np.concatenate(parts), axis=0), batch)
 
 
-def test_steps_per_epoch():
+def test_batches_per_epoch():
     X = np.zeros((25, 2))
-    assert steps_per_epoch(mx.io.NDArrayIter(X, batch_size=10)) == 3
-    assert steps_per_epoch(mx.io.NDArrayIter(X, batch_size=10, last_batch_handle="discard")) == 2
+    assert batches_per_epoch(mx.io.NDArrayIter(X, batch_size=10)) == 3
+    assert batches_per_epoch(mx.io.NDArrayIter(X, batch_size=10, last_batch_handle="discard")) == 2
     rolling = mx.io.NDArrayIter(X, batch_size=10, last_batch_handle="roll_over")
-    assert steps_per_epoch(rolling) is None
-    assert steps_per_epoch(mx.io.ResizeIter(mx.io.NDArrayIter(X, batch_size=10), 7)) == 7
-    assert steps_per_epoch(object()) is None
+    assert batches_per_epoch(rolling) is None
+    assert batches_per_epoch(mx.io.ResizeIter(mx.io.NDArrayIter(X, batch_size=10), 7)) == 7
+    assert batches_per_epoch(object()) is None
 
 
 def test_reductions_without_a_distributed_kvstore_return_this_workers_values():
@@ -208,5 +209,5 @@ def test_shard_builds_an_ndarray_iterator_with_equal_steps():
             self.rank, self.num_workers = rank, 3
     X, y = np.zeros((31, 4)), np.arange(31)
     iterators = [shard(X, y, kvstore=Store(rank), batch_size=4) for rank in range(3)]
-    assert {steps_per_epoch(it) for it in iterators} == {3}
+    assert {batches_per_epoch(it) for it in iterators} == {3}
     assert {sum(1 for _ in it) for it in iterators} == {3}

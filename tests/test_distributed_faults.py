@@ -88,7 +88,7 @@ def test_sigterm_to_one_worker_stops_every_worker_cleanly(tmp_path, job_env):
 @pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_launcher_stops_training_cleanly_on_every_worker(tmp_path, job_env, sent):
     directory, log = tmp_path / "checkpoints", tmp_path / "log.jsonl"
-    command = [sys.executable, "-m", "mxoid.launch", "-n", "2", "--timeout", "120", "--",
+    command = [sys.executable, "-m", "mxoid.distributed.launch", "-n", "2", "--timeout", "120", "--",
                *map(str, WORKER), "--out", str(tmp_path), "--epochs", "50", "--delay", "0.05",
                "--checkpoint", str(directory), "--log", str(log)]
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -123,7 +123,7 @@ def test_a_signal_to_the_launcher_stops_training_cleanly_on_every_worker(tmp_pat
 
 
 def test_the_launcher_has_a_stall_timeout_by_default():
-    from mxoid.launch import _parser, launch
+    from mxoid.distributed.launch import _parser, launch
     import inspect
 
     assert _parser().parse_args(["-n", "2"]).stall_timeout == 300

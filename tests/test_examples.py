@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mxoid.log_files import read_log
+from mxoid.log.files import read_log
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 README = Path(__file__).resolve().parents[1] / "README.md"

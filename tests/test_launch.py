@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-import mxoid.launch_processes as launch_processes
-from mxoid.launch import main
+import mxoid.distributed.processes as launch_processes
+from mxoid.distributed.launch import main
 
 sys.path.insert(0, str(Path(__file__).parent / "dist_scripts"))
 

@@ -221,7 +221,7 @@ def test_two_device_evaluation_equals_one_device_evaluation_of_get_params(name):
     one = make_loop(name, [mx.cpu()], [FinishAfter(after_n_epochs=1)])
     one.manager.set_params(args, aux)
     reference = Evaluate({"valid": valid_iter()}, ["acc", "ce"])
-    reference.main_loop = one
+    reference.attach(one)
     expected = reference.evaluate()
     records = loop.log[6]
     for prefix in ("mid", "valid", "small"):

@@ -3,7 +3,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 
-from mxoid.updater import FusedSGDUpdater
+from mxoid.fused_updater import FusedSGDUpdater
 
 from conftest import mlp
 

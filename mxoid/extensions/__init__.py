@@ -1,9 +1,15 @@
-"""Extensions: objects that act on the main loop at its hooks.
+"""Extensions: objects that act on the main loop at its hooks; the whole Extension API.
 
-Grouped by theme: :mod:`.base` (the Extension class and its firing
-conditions), :mod:`.stopping` (ending training).
+:mod:`.base` holds the Extension class, its firing conditions and
+predicates (:class:`OnLogRecord`); :mod:`.dispatch` calls the hooks in
+order. The extensions, by theme: :mod:`.monitoring` (Evaluate,
+TrainingMonitoring), :mod:`.stopping` (FinishAfter, EarlyStopping,
+NaNGuard), :mod:`.selection` (TrackBest), :mod:`.training`
+(LearningRateSchedule), :mod:`.saveload` (Checkpoint), :mod:`.printing`
+(Printing, ProgressBar), :mod:`.timing` (Timing), :mod:`.log_writers`
+(JSONLinesLog, CSVLog), :mod:`.tensorboard` (TensorBoard).
 """
-from .base import HOOKS, Extension
+from .base import FIRING_KEYWORDS, HOOKS, Extension, OnLogRecord
 from .saveload import Checkpoint
 from .log_writers import CSVLog, JSONLinesLog
 from .monitoring import Evaluate, TrainingMonitoring
@@ -14,7 +20,7 @@ from .tensorboard import TensorBoard
 from .timing import Timing
 from .training import LearningRateSchedule
 
-__all__ = ["HOOKS", "Checkpoint", "Extension", "FinishAfter",
-           "CSVLog", "EarlyStopping", "JSONLinesLog", "LearningRateSchedule", "NaNGuard",
-           "Printing", "ProgressBar", "Timing", "TrackBest",
-           "Evaluate", "TrainingMonitoring", "TensorBoard"]
+__all__ = ["FIRING_KEYWORDS", "HOOKS", "CSVLog", "Checkpoint", "EarlyStopping", "Evaluate",
+           "Extension", "FinishAfter", "JSONLinesLog", "LearningRateSchedule", "NaNGuard",
+           "OnLogRecord", "Printing", "ProgressBar", "TensorBoard", "Timing", "TrackBest",
+           "TrainingMonitoring"]

@@ -1,30 +1,35 @@
-"""The Extension base class and its firing conditions."""
+"""The Extension base class, its firing conditions, and the predicates they use."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..log import TrainingStatus
+    from ..log import TrainingLog
     from ..main_loop import MainLoop
 
-__all__ = ["HOOKS", "Extension", "Predicate"]
+__all__ = ["FIRING_KEYWORDS", "HOOKS", "Extension", "OnLogRecord", "Predicate"]
 
 HOOKS = ("before_training", "on_resumption", "before_epoch", "before_batch", "after_batch",
          "after_epoch", "after_training", "on_interrupt", "on_error")
 """Every hook the loop dispatches, in the order they first fire."""
 
-Predicate = Callable[["TrainingStatus"], bool]
+FIRING_KEYWORDS = ("every_n_batches", "every_n_epochs", "after_n_batches", "after_n_epochs") + HOOKS
+"""The keywords of :class:`Extension` that add a firing condition: a count, or a hook name."""
+
+Predicate = Callable[["TrainingLog"], bool]
+"""A firing condition: called with the loop's log (``log.status`` holds the counters; the
+counters are also readable on the log itself, ``log.iterations_done``)."""
 
 
 def _every(counter: str, n: int) -> Predicate:
-    return lambda status: getattr(status, counter) % n == 0
+    return lambda log: getattr(log.status, counter) % n == 0
 
 
 def _exactly(counter: str, n: int) -> Predicate:
-    return lambda status: getattr(status, counter) == n
+    return lambda log: getattr(log.status, counter) == n
 
 
-def _always(status: "TrainingStatus") -> bool:
+def _always(log: "TrainingLog") -> bool:
     return True
 
 
@@ -32,6 +37,41 @@ def _positive(name: str, value: Optional[int]) -> Optional[int]:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise ValueError(f"{name} must be a positive int, got {value!r}")
     return value
+
+
+class OnLogRecord:
+    """A firing condition: true once for each row in which ``record`` is written, as Blocks'.
+
+    It holds at the first check after the record is written into the row of
+    the current iteration, and not again for that row (a record written in
+    ``after_batch`` and checked in both ``after_batch`` and ``after_epoch``
+    fires once). Give the same instance to the hooks it should watch.
+
+    Examples
+    --------
+    Save a checkpoint whenever TrackBest reports a new best validation accuracy::
+
+        best = TrackBest("valid_accuracy", mode="max")
+        keep = Checkpoint("runs/best", every_n_epochs=None, after_training=False,
+                          on_interrupt=False, keep_last=1)
+        keep.add_condition("after_epoch", OnLogRecord("valid_accuracy_new_best"))
+    """
+
+    def __init__(self, record: str) -> None:
+        if not isinstance(record, str) or not record:
+            raise ValueError(f"OnLogRecord needs a record name, got {record!r}")
+        self.record = record
+        self._fired: Optional[int] = None
+
+    def __call__(self, log: "TrainingLog") -> bool:
+        iteration = log.status.iterations_done
+        if self._fired == iteration or log.last_iteration(self.record) != iteration:
+            return False
+        self._fired = iteration
+        return True
+
+    def __repr__(self) -> str:
+        return f"OnLogRecord({self.record!r})"
 
 
 class Extension:
@@ -51,6 +91,11 @@ class Extension:
        users can change when any of them fires; a subclass sets its defaults
        with ``kwargs.setdefault('after_epoch', True)`` before calling
        ``super().__init__(**kwargs)``.
+
+    Both mix: when a class overrides a hook that also has firing conditions,
+    the override runs, then ``do`` if a condition holds, unless the override
+    called ``super()``'s hook (which fires the conditions at that point). An
+    override never disables the conditions.
 
     The loop is reachable as ``self.main_loop``: its ``manager`` (executors,
     parameters, gradients, ``outputs`` of the last batch), ``optimizer``,
@@ -88,7 +133,7 @@ class Extension:
         bars, log files, checkpoints), overridden per instance with the
         ``rank_zero_only=`` keyword.
     main_loop : MainLoop
-        Set by the loop when it is constructed.
+        Set by :meth:`attach` when a loop is constructed with the extension.
 
     Examples
     --------
@@ -104,7 +149,7 @@ class Extension:
 
     stops_training: bool = False
     rank_zero_only: bool = False
-    main_loop: "MainLoop"
+    main_loop: Optional["MainLoop"] = None
 
     def __init__(self, *, name: Optional[str] = None, priority: float = 0,
                  every_n_batches: Optional[int] = None, every_n_epochs: Optional[int] = None,
@@ -119,13 +164,14 @@ class Extension:
         if rank_zero_only is not None:
             self.rank_zero_only = rank_zero_only
         self.conditions: Dict[str, List[Predicate]] = {}
+        self._conditions_fired = False
         flags = {"before_training": before_training, "before_epoch": before_epoch,
                  "before_batch": before_batch, "after_batch": after_batch,
                  "after_epoch": after_epoch, "after_training": after_training,
                  "on_resumption": on_resumption, "on_interrupt": on_interrupt,
                  "on_error": on_error}
-        for hook, wanted in flags.items():
-            if wanted:
+        for hook in HOOKS:
+            if flags[hook]:
                 self.add_condition(hook)
         if _positive("every_n_batches", every_n_batches):
             self.add_condition("after_batch", _every("iterations_done", every_n_batches))
@@ -136,19 +182,35 @@ class Extension:
         if _positive("after_n_epochs", after_n_epochs):
             self.add_condition("after_epoch", _exactly("epochs_done", after_n_epochs))
 
-    def add_condition(self, hook: str, predicate: Optional[Predicate] = None) -> "Extension":
-        """Fire :meth:`do` at ``hook`` when ``predicate(status)`` is true (always when None).
+    def attach(self, loop: "MainLoop") -> None:
+        """Called once by the loop that runs the extension, when the loop is built.
 
-        Returns the extension, so calls can be chained.
+        Sets ``self.main_loop``. Extensions that need the loop's executors or
+        services (a distributed reduction, for instance) override it, call
+        ``super().attach(loop)`` first, and ask the loop for them here.
+        """
+        self.main_loop = loop
+
+    def add_condition(self, hook: str, predicate: Optional[Predicate] = None) -> "Extension":
+        """Fire :meth:`do` at ``hook`` when ``predicate(log)`` is true (always when None).
+
+        The predicate receives the loop's log (``log.status`` holds the
+        counters), e.g. :class:`OnLogRecord`. Add conditions before the
+        extension is given to a ``MainLoop``. Returns the extension, so calls
+        can be chained.
         """
         if hook not in HOOKS:
             raise ValueError(f"unknown hook {hook!r}; the hooks are {list(HOOKS)}")
         self.conditions.setdefault(hook, []).append(predicate or _always)
         return self
 
+    def overrides(self, hook: str) -> bool:
+        """True when the extension's class overrides the method of ``hook``."""
+        return getattr(type(self), hook) is not getattr(Extension, hook)
+
     def handles(self, hook: str) -> bool:
         """True when the loop must dispatch ``hook`` to this extension."""
-        return hook in self.conditions or getattr(type(self), hook) is not getattr(Extension, hook)
+        return hook in self.conditions or self.overrides(hook)
 
     def do(self, which_callback: str, *args: Any) -> None:
         """Act; called when a firing condition holds. Subclasses with conditions implement it."""
@@ -156,49 +218,57 @@ class Extension:
             f"{type(self).__name__} has firing conditions but does not implement "
             "do(which_callback, *args)")
 
-    def _fire(self, hook: str, *args: Any) -> None:
-        status = self.main_loop.status
+    def fire_conditions(self, hook: str, *args: Any) -> None:
+        """Call :meth:`do` once if one of the conditions of ``hook`` holds.
+
+        The hook methods of this class call it; the loop calls it after an
+        overridden hook that did not (an override never disables ``do``).
+        """
+        self._conditions_fired = True
+        log = self.main_loop.log
         for predicate in self.conditions.get(hook, ()):
-            if predicate(status):
+            if predicate(log):
                 self.do(hook, *args)
                 return
+
+    _fire = fire_conditions  # the name of mxoid 0.1
 
     # The hooks. Overriding one makes the loop dispatch it on every occurrence.
     def before_training(self) -> None:
         """Before the first epoch (not again when training resumes)."""
-        self._fire("before_training")
+        self.fire_conditions("before_training")
 
     def on_resumption(self) -> None:
         """When training resumes from a checkpoint, instead of ``before_training``."""
-        self._fire("on_resumption")
+        self.fire_conditions("on_resumption")
 
     def before_epoch(self) -> None:
         """At the start of each epoch, before its first batch is read."""
-        self._fire("before_epoch")
+        self.fire_conditions("before_epoch")
 
     def before_batch(self, batch: Any) -> None:
         """Before ``batch`` is loaded into the executors."""
-        self._fire("before_batch", batch)
+        self.fire_conditions("before_batch", batch)
 
     def after_batch(self, batch: Any) -> None:
         """After the update of ``batch``; ``status.iterations_done`` counts it."""
-        self._fire("after_batch", batch)
+        self.fire_conditions("after_batch", batch)
 
     def after_epoch(self) -> None:
         """After the last batch of an epoch; ``status.epochs_done`` counts it."""
-        self._fire("after_epoch")
+        self.fire_conditions("after_epoch")
 
     def after_training(self) -> None:
         """When training ends, by a stop request or an interruption."""
-        self._fire("after_training")
+        self.fire_conditions("after_training")
 
     def on_interrupt(self) -> None:
         """When training is interrupted by Ctrl-C or SIGTERM, before ``after_training``."""
-        self._fire("on_interrupt")
+        self.fire_conditions("on_interrupt")
 
     def on_error(self, exception: BaseException) -> None:
         """When training or a hook raised ``exception``, before it propagates."""
-        self._fire("on_error", exception)
+        self.fire_conditions("on_error", exception)
 
     # State carried by checkpoints.
     def state_dict(self) -> Dict[str, Any]:

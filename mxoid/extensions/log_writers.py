@@ -11,10 +11,10 @@ import os
 from datetime import datetime
 from typing import IO, Any, Dict, List, Optional
 
-from .. import log_files
-from ..log_files import EPOCHS_DONE, ITERATION, RESERVED_NAMES, RUN
+from ..log import files as log_files
+from ..log.files import EPOCHS_DONE, ITERATION, RESERVED_NAMES, RUN
 from .base import Extension
-from .records import plain_value
+from ..log.records import plain_value
 
 __all__ = ["CSVLog", "JSONLinesLog"]
 

@@ -8,7 +8,7 @@ import mxnet as mx
 from ..executor_manager import output_short_name
 from ..metrics import (Metric, MetricAccumulator, MetricLike, Reducer, create_metrics,
                        label_for_output)
-from .base import Extension
+from .base import FIRING_KEYWORDS, Extension
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..main_loop import MainLoop
@@ -19,17 +19,14 @@ MetricsSpec = Union[MetricLike, Sequence[MetricLike], Mapping[str, Union[MetricL
 """Metrics by output name (``{'softmax': 'acc', 'reg': ['mse', 'mae']}``), or, for a
 symbol with one output, one metric or a list of them."""
 
-_FIRING_KEYWORDS = ("every_n_batches", "every_n_epochs", "after_n_batches", "after_n_epochs",
-                    "before_training", "before_epoch", "before_batch", "after_batch",
-                    "after_epoch", "after_training", "on_resumption", "on_interrupt", "on_error")
-
 NO_OUTPUT_NAMES = (
     "metrics are given without output names, but the symbol has {count} outputs {outputs}; "
     "map each output to its metrics, e.g. metrics={{{example!r}: 'acc'}}")
 UNKNOWN_OUTPUT = (
     "no output named {name!r}; the symbol's outputs are {outputs} (with or without the "
     "'_output' suffix)")
-NOT_BOUND = "{name} is not attached to a MainLoop yet: pass it in MainLoop(..., extensions=[...])"
+NOT_BOUND = ("{name} is not attached to a MainLoop yet: pass it in MainLoop(..., extensions=[...]) "
+             "(or call its attach(loop))")
 
 
 def _parse_metrics(metrics: MetricsSpec) -> Tuple[bool, List[Tuple[Optional[str], List[Metric]]]]:
@@ -84,19 +81,14 @@ class _MetricsExtension(Extension):
         self._keyed, self._parsed = _parse_metrics(metrics)
         super().__init__(**kwargs)
         self.reduce: Optional[Reducer] = None
-        self._main_loop: Optional["MainLoop"] = None
 
-    @property
-    def main_loop(self) -> "MainLoop":
-        """The loop; setting it (as ``MainLoop`` does) binds and checks the metrics."""
-        if self._main_loop is None:
-            raise AttributeError(NOT_BOUND.format(name=self.name))
-        return self._main_loop
-
-    @main_loop.setter
-    def main_loop(self, loop: "MainLoop") -> None:
-        self._main_loop = loop
+    def attach(self, loop: "MainLoop") -> None:
+        """Bind the metrics to the loop's outputs and labels, check them, and ask the loop
+        for the sum over workers in distributed training."""
+        super().attach(loop)
         self._bind(loop)
+        if self.reduce is None:
+            self.reduce = loop.reduction(self)
 
     def _bind(self, loop: "MainLoop") -> None:
         raise NotImplementedError
@@ -177,7 +169,7 @@ class Evaluate(_MetricsExtension):
                 if not hasattr(iterator, attribute):
                     raise TypeError(f"iterator {name!r} must be an mx.io.DataIter (it has no "
                                     f"{attribute}); got {type(iterator).__name__}")
-        if not any(kwargs.get(keyword) for keyword in _FIRING_KEYWORDS):
+        if not any(kwargs.get(keyword) for keyword in FIRING_KEYWORDS):
             kwargs["every_n_epochs"] = 1
         super().__init__(metrics, **kwargs)
         self.iterators: Dict[str, mx.io.DataIter] = dict(iterators)
@@ -206,9 +198,9 @@ class Evaluate(_MetricsExtension):
 
     def evaluate(self) -> Dict[str, float]:
         """Run every iterator through the network now and return the records by name."""
-        if self._main_loop is None:
+        loop = self.main_loop
+        if loop is None:
             raise RuntimeError(NOT_BOUND.format(name=self.name))
-        loop = self._main_loop
         # The model evaluated is the one get_params() returns and a checkpoint
         # saves; and no evaluation runs while the training step is in flight
         # (see DataParallelExecutorManager.synchronize).
@@ -295,8 +287,7 @@ class TrainingMonitoring(_MetricsExtension):
     def after_batch(self, batch: Any) -> None:
         """Add the batch to the running sums (no host sync), then fire if a condition holds."""
         self.accumulator.update()
-        if "after_batch" in self.conditions:
-            super().after_batch(batch)
+        super().after_batch(batch)
 
     def state_dict(self) -> Dict[str, Any]:
         """The running sums since the last write, so a resumed run writes the same records."""

@@ -9,10 +9,11 @@ import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
+from ..checkpoint.data_position import batches_per_epoch
+from ..log.records import format_value
 from .base import Extension
-from .records import format_value
 
-__all__ = ["Printing", "ProgressBar", "batches_per_epoch"]
+__all__ = ["Printing", "ProgressBar"]
 
 RULE = "-" * 79
 HEADERS = {
@@ -162,24 +163,3 @@ class ProgressBar(Extension):
         if self.bar is not None:
             self.bar.close()
             self.bar = None
-
-
-def batches_per_epoch(data: Any) -> Optional[int]:
-    """Return how many batches an epoch of ``data`` has, or None when it cannot tell.
-
-    Uses ``len(data)`` when defined, ``mx.io.ResizeIter``'s size, and
-    ``mx.io.NDArrayIter``'s ``num_data`` and ``batch_size`` (a padded last
-    batch counts, a discarded or rolled-over one does not).
-    """
-    try:
-        return len(data)
-    except TypeError:
-        pass
-    if isinstance(data, mx.io.ResizeIter):
-        return data.size
-    num_data, batch_size = getattr(data, "num_data", None), getattr(data, "batch_size", None)
-    if isinstance(num_data, int) and isinstance(batch_size, int) and batch_size > 0:
-        if getattr(data, "last_batch_handle", "pad") == "pad":
-            return math.ceil(num_data / batch_size)
-        return num_data // batch_size
-    return None

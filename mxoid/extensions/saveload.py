@@ -11,8 +11,9 @@ import mxnet as mx
 from ..checkpoint import (CheckpointError, DirectoryLock, checkpoint_name, clean_temporaries,
                           list_checkpoints, next_sequence, read_manifest, remove_checkpoint,
                           write_checkpoint)
+from ..log.records import CHECKPOINT_SAVED_TO, NAN_DETECTED
 from .base import Extension
-from .records import MISSING, RecordReader, to_float
+from ..log.records import MISSING, RecordReader, to_float
 from .selection import BestValue
 
 __all__ = ["Checkpoint"]
@@ -20,7 +21,6 @@ __all__ = ["Checkpoint"]
 logger = logging.getLogger(__name__)
 
 _HIGHER_IS_BETTER = ("acc", "f1", "auc", "precision", "recall", "top_k")
-CHECKPOINT_SAVED_TO = "checkpoint_saved_to"
 BEST = "best"
 
 OTHER_RUN = (
@@ -227,8 +227,8 @@ class Checkpoint(Extension):
         loop = self.main_loop
         status = loop.status
         row = loop.log.current_row
-        if "nan_detected" in row:
-            logger.warning("not saving a checkpoint: %s is not finite", row["nan_detected"])
+        if NAN_DETECTED in row:
+            logger.warning("not saving a checkpoint: %s is not finite", row[NAN_DETECTED])
             return None
         counters = [status.iterations_done, status.epochs_done, status.epoch_started,
                     status.interrupted]

@@ -5,7 +5,7 @@ import math
 from typing import Any, Dict, Optional
 
 from .base import Extension
-from .records import MISSING, RecordReader, to_float
+from ..log.records import MISSING, RecordReader, to_float
 
 __all__ = ["BestValue", "TrackBest"]
 
@@ -108,6 +108,7 @@ class TrackBest(Extension):
         self.best = BestValue(mode)
         self.best_so_far_name = f"{record}_best_so_far"
         self.best_iteration_name = f"{record}_best_iteration"
+        self.new_best_name = f"{record}_new_best"
         kwargs.setdefault("priority", 10)
         kwargs.setdefault("after_epoch", True)
         kwargs.setdefault("on_resumption", True)
@@ -118,7 +119,8 @@ class TrackBest(Extension):
         value = self.reader.read(log)
         if value is MISSING:
             return
-        self.best.update(to_float(value, self.reader.name), log.status.iterations_done)
+        if self.best.update(to_float(value, self.reader.name), log.status.iterations_done):
+            log.current_row[self.new_best_name] = True
         if self.best.value is not None:
             log.current_row[self.best_so_far_name] = self.best.value
             log.current_row[self.best_iteration_name] = self.best.iteration

@@ -10,15 +10,13 @@ import mxnet as mx
 import numpy as np
 
 from .base import Extension
-from .records import MISSING, RecordReader, plain_value, to_float
+from ..log.records import MISSING, NAN_DETECTED, RecordReader, plain_value, to_float
 from .selection import BestValue
 
 __all__ = ["EarlyStopping", "FinishAfter", "NaNGuard"]
 
 logger = logging.getLogger(__name__)
 
-NAN_DETECTED = "nan_detected"
-"""The record :class:`NaNGuard` writes: the name of the non-finite record or parameter."""
 
 
 class FinishAfter(Extension):

@@ -8,7 +8,7 @@ import time
 from typing import Any, Dict, Optional, Sequence, Set
 
 from .base import Extension
-from .records import plain_value
+from ..log.records import plain_value
 
 __all__ = ["TENSORBOARD_EXTRA", "TensorBoard"]
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 import mxnet as mx
 
+from ..distributed.servers import is_distributed
 from .base import Extension
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,7 +92,7 @@ class LearningRateSchedule(Extension):
         if loop.optimizer.lr_scheduler is not None:
             raise ValueError(f"{self.name}: the optimizer has its own lr_scheduler, which would "
                              "override the rate set here; give the schedule to one of them only")
-        if loop.update_on_kvstore and "dist" in loop.kvstore.type:
+        if loop.update_on_kvstore and is_distributed(loop.kvstore):
             raise ValueError(f"{self.name}: with kvstore {loop.kvstore.type!r} and "
                              "update_on_kvstore the optimizer runs on the servers, out of "
                              "reach; pass update_on_kvstore=False to MainLoop")

@@ -6,6 +6,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .status import TrainingStatus
 
+_STATUS_FIELDS = frozenset(TrainingStatus())
+
 __all__ = ["TrainingLog"]
 
 _MISSING = object()
@@ -43,6 +45,13 @@ class TrainingLog(Mapping):
 
     def __getitem__(self, iteration: int) -> Dict[str, Any]:
         return self._rows[iteration]
+
+    def __getattr__(self, name: str) -> Any:
+        # The status's counters, read on the log itself: a firing condition written for
+        # the status (``lambda status: status.epochs_done > 2``) works on the log.
+        if name.startswith("_") or name not in _STATUS_FIELDS:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(self.status, name)
 
     def __iter__(self) -> Iterator[int]:
         return iter(sorted(self._rows))

@@ -17,7 +17,7 @@ import mxnet as mx
 import numpy as np
 
 from mxoid import Checkpoint, Evaluate, Extension, FinishAfter, JSONLinesLog, MainLoop
-from mxoid.sharding import shard, shard_arrays
+from mxoid.distributed.sharding import shard, shard_arrays
 
 OPTIMIZER_PARAMS = {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mxoid import CSVLog, Extension, FinishAfter, JSONLinesLog, read_log
-from mxoid.extensions.records import plain_value
+from mxoid.log.records import plain_value
 
 from scripted import Script, small_loop
 

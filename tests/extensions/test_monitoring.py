@@ -119,7 +119,7 @@ def test_padding_rows_do_not_count():
     loop = two_head_loop([FinishAfter(after_n_epochs=1)])
     evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")},
                         {"softmax": "ce", "reg": "mse"})
-    evaluate.main_loop = loop
+    evaluate.attach(loop)
     records = evaluate.evaluate()
     expected = numpy_metrics(loop.get_params()[0], X, y)
     padded = numpy_metrics(loop.get_params()[0], np.concatenate([X, X[:12]]),
@@ -179,7 +179,7 @@ def test_other_device_metrics_equal_numpy_and_mxnet():
     loop.run()
     evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")},
                         {"softmax": ["top_k_accuracy_2", "nll_loss"], "reg": "rmse"})
-    evaluate.main_loop = loop
+    evaluate.attach(loop)
     records = evaluate.evaluate()
     params = loop.get_params()[0]
     prob, reg = numpy_forward(params, X)
@@ -205,7 +205,7 @@ def test_a_user_device_metric_is_computed_on_the_devices():
     loop = two_head_loop([FinishAfter(after_n_epochs=1)])
     evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")},
                         {"reg": DeviceMetric("msle", squared_log_error)})
-    evaluate.main_loop = loop
+    evaluate.attach(loop)
     _, reg = numpy_forward(loop.get_params()[0], X)
     expected = np.mean((np.log1p(np.abs(reg)) - np.log1p(np.abs(regression_target(X)))) ** 2)
     assert evaluate.evaluate()["valid_reg_msle"] == pytest.approx(expected, rel=1e-5)
@@ -226,7 +226,7 @@ def test_reduce_hook_sees_sums_and_counts_before_the_division():
     X, y = dataset("valid")
     loop = two_head_loop([FinishAfter(after_n_epochs=1)])
     evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")}, {"softmax": "acc"})
-    evaluate.main_loop = loop
+    evaluate.attach(loop)
     local = evaluate.evaluate()["valid_softmax_accuracy"]
     seen = []
 

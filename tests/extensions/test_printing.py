@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mxoid import FinishAfter, Printing, ProgressBar
-from mxoid.extensions.printing import batches_per_epoch
+from mxoid.checkpoint.data_position import batches_per_epoch
 
 from scripted import Script, small_loop
 

@@ -7,7 +7,7 @@ import pytest
 
 from mxoid import Checkpoint, Evaluate, Extension, FinishAfter, TrainingMonitoring
 from mxoid.extensions import TensorBoard
-from mxoid.extensions.records import plain_value
+from mxoid.log.records import plain_value
 from mxoid.extensions.tensorboard import TENSORBOARD_EXTRA
 
 from conftest import classification_data

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from conftest import classification_data, initial_params, mlp  # noqa: E402
 
-import mxoid.checkpoint  # noqa: E402
+import mxoid.checkpoint.format  # noqa: E402
 from mxoid import (Checkpoint, Evaluate, Extension, FinishAfter, JSONLinesLog,  # noqa: E402
                    MainLoop)
 
@@ -41,7 +41,7 @@ class Announce(Extension):
 
 
 def slow_down_writes(seconds):
-    original = mxoid.checkpoint._fsync_file
+    original = mxoid.checkpoint.format._fsync_file
 
     def fsync_slowly(path):
         if path.endswith(".params"):
@@ -49,7 +49,7 @@ def slow_down_writes(seconds):
             time.sleep(seconds)
         original(path)
 
-    mxoid.checkpoint._fsync_file = fsync_slowly
+    mxoid.checkpoint.format._fsync_file = fsync_slowly
 
 
 def kill_at(point, batch):
@@ -73,7 +73,7 @@ def kill_at(point, batch):
                 die()
 
     if point in ("manifest", "rename"):
-        original_dump, original_rename = mxoid.checkpoint.json.dump, os.rename
+        original_dump, original_rename = mxoid.checkpoint.format.json.dump, os.rename
 
         def dump(obj, handle, **kwargs):
             if point == "manifest" and state["batch"] == batch and "files" in obj:
@@ -85,8 +85,8 @@ def kill_at(point, batch):
                 die()
             return original_rename(source, target)
 
-        mxoid.checkpoint.json.dump = dump
-        mxoid.checkpoint.os.rename = rename
+        mxoid.checkpoint.format.json.dump = dump
+        mxoid.checkpoint.format.os.rename = rename
     if point == "retire":
         original = os.rename
 
@@ -95,7 +95,7 @@ def kill_at(point, batch):
             if state["batch"] >= batch and source.endswith("/best") and ".retired-" in target:
                 die()
 
-        mxoid.checkpoint.os.rename = rename
+        mxoid.checkpoint.format.os.rename = rename
     return [Watch(), KillAfterSave()]
 
 

@@ -41,6 +41,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from .records import RESUMED_FROM
+
 __all__ = [
     "EPOCHS_DONE",
     "ITERATION",
@@ -60,8 +62,6 @@ __all__ = [
 RUN = "run"
 ITERATION = "iteration"
 EPOCHS_DONE = "epochs_done"
-RESUMED_FROM = "resumed_from"
-"""The record a resumed run writes into its first row: the checkpoint it resumed from."""
 RESERVED_NAMES = (RUN, ITERATION, EPOCHS_DONE)
 """Column names that records may not take."""
 

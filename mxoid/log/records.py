@@ -14,13 +14,24 @@ import math
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
-import mxnet as mx
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..log import TrainingLog
+    from .training_log import TrainingLog
 
-__all__ = ["MISSING", "RecordReader", "format_value", "plain_value", "to_float"]
+__all__ = ["CHECKPOINT_SAVED_TO", "ERROR", "MISSING", "NAN_DETECTED", "RESUMED_FROM",
+           "TRAINING_FINISH_REQUESTED", "RecordReader", "format_value", "plain_value", "to_float"]
+
+TRAINING_FINISH_REQUESTED = "training_finish_requested"
+"""The record of a stop request: its reason (:meth:`mxoid.MainLoop.request_stop`)."""
+CHECKPOINT_SAVED_TO = "checkpoint_saved_to"
+"""The record of a checkpoint save: the folder (:class:`~mxoid.extensions.Checkpoint`)."""
+NAN_DETECTED = "nan_detected"
+"""The record :class:`~mxoid.extensions.NaNGuard` writes: the non-finite record or parameter."""
+RESUMED_FROM = "resumed_from"
+"""The record a resumed run writes into its first row: the checkpoint it resumed from."""
+ERROR = "error"
+"""The record of an error that stopped training: its type, message and origin."""
 
 MISSING = object()
 """Returned by :meth:`RecordReader.read` when there is no new value to read."""
@@ -90,7 +101,7 @@ def plain_value(value: Any) -> Any:
     """
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    if isinstance(value, mx.nd.NDArray):
+    if hasattr(value, "asnumpy"):  # an MXNet NDArray (not imported here: mxoid show needs no MXNet)
         value = value.asnumpy()
     if isinstance(value, np.ndarray):
         return value.item() if value.size == 1 else value.tolist()

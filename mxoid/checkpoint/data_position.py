@@ -18,30 +18,16 @@ same order of samples, same next batch. How depends on the iterator:
 """
 from __future__ import annotations
 
-import random
 import warnings
 from typing import Any, Dict, List, Optional
 
 import mxnet as mx
 import numpy as np
 
-__all__ = ["DataPosition", "get_random_states", "set_random_states"]
+from .format import ResumeError
+from .random_state import get_random_states, set_random_states
 
-
-def get_random_states() -> Dict[str, Any]:
-    """Return NumPy's and Python's global random states as plain (JSON-ready) data."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
-    return {"numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-            "python": [version, list(internal), gauss_next]}
-
-
-def set_random_states(state: Dict[str, Any]) -> None:
-    """Restore the states returned by :func:`get_random_states`."""
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
+__all__ = ["DataPosition", "batches_per_epoch"]
 
 
 def _repositionable(iterator: Any) -> bool:
@@ -96,8 +82,6 @@ class DataPosition:
     def check(self, state: Dict[str, Any], where: str) -> None:
         """Raise ``ValueError`` when this iterator is not the one of ``state``: other inputs or
         shapes, another kind, or (``NDArrayIter``) another number of samples."""
-        from .resumption import ResumeError  # the error of resumption checks
-
         def refuse(what: str) -> None:
             raise ResumeError(f"checkpoint {where} was trained on other data: {what}. Resume "
                               "with the training iterator built as for the interrupted run")
@@ -173,3 +157,26 @@ def _take(array: Any, order: np.ndarray) -> Any:
     if isinstance(array, mx.nd.NDArray):
         return mx.nd.array(array.asnumpy()[order], array.context, dtype=array.dtype)
     return array[order]
+
+
+def batches_per_epoch(data: Any) -> Optional[int]:
+    """Return how many batches an epoch of ``data`` has, or None when it cannot tell.
+
+    Uses ``len(data)`` when defined, ``mx.io.ResizeIter``'s size, and
+    ``mx.io.NDArrayIter``'s ``num_data`` and ``batch_size``: a padded last
+    batch counts, a discarded one does not, and ``'roll_over'`` (whose
+    epochs differ in length) gives None.
+    """
+    try:
+        return len(data)
+    except TypeError:
+        pass
+    if isinstance(data, mx.io.ResizeIter):
+        return int(data.size)
+    if isinstance(data, mx.io.NDArrayIter):
+        count, size = data.num_data, data.batch_size
+        if data.last_batch_handle == "pad":
+            return -(-count // size)
+        if data.last_batch_handle == "discard":
+            return count // size
+    return None

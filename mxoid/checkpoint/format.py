@@ -1,4 +1,4 @@
-"""The checkpoint format: written atomically, verified when read, owned by one run at a time.
+"""The checkpoint format: one folder, written atomically, verified when read.
 
 A checkpoint is a folder ``checkpoint-<seq>-epoch<E>-batch<B>`` holding
 
@@ -12,64 +12,50 @@ A checkpoint is a folder ``checkpoint-<seq>-epoch<E>-batch<B>`` holding
     (``get_states(dump_optimizer=True)``). Absent with a distributed
     kvstore, whose states live on the servers.
 ``loop.json``
-    Plain JSON: the loop status and log, each extension's ``state_dict()``,
-    NumPy's and Python's random states, the MXNet seed set at the save, the
-    position of the training iterator, and what resumption checks (the run,
-    the optimizer settings, the batch size).
+    Plain JSON: the loop's :meth:`~mxoid.MainLoop.state_dict` (the keys of
+    :data:`LOOP_STATE_KEYS`, and more).
 ``MANIFEST.json``
     Written last: the format version, the run the checkpoint belongs to,
     its sequence number, and the size and SHA-256 of every other file.
-
-The sequence number counts the saves into a directory in the order they
-were written, over every run: the newest checkpoint has the highest.
-A *run* is one training from its start, through every resumption; its id
-(``run_id``) is in every manifest, so that a new run never prunes or resumes
-the checkpoints of another.
 
 Everything is first written to a hidden ``.tmp-...`` folder and renamed
 into place when complete, so a process killed at any moment leaves the
 previous checkpoints whole. Replacing a folder (``best``) renames the old
 one to ``.retired-...`` first; a process killed between the two renames
-leaves it there, and the next run puts it back. A folder whose manifest is
-missing, malformed or does not match its files is reported as damaged,
-naming the file. :class:`DirectoryLock` keeps a second process from writing
-into a directory that a run is writing into.
+leaves it there, and :func:`mxoid.checkpoint.directory.clean_temporaries`
+puts it back. A folder whose manifest is missing, malformed or does not
+match its files is reported as damaged, naming the file. Directories of
+checkpoints (order, locking, tidying, what ``resume_from`` names) are
+:mod:`mxoid.checkpoint.directory`.
 """
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import json
 import os
 import pickle
 import re
 import shutil
-import socket
 import uuid
-import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import mxnet as mx
 import numpy as np
 
-from .errors import clean_mxnet_message
+from ..errors import clean_mxnet_message
 
 __all__ = [
     "FORMAT_VERSION",
+    "LOOP_STATE_KEYS",
     "CheckpointContents",
     "CheckpointError",
-    "DirectoryLock",
+    "ResumeError",
     "checkpoint_name",
-    "clean_temporaries",
-    "is_checkpoint_folder",
-    "latest_checkpoint",
-    "list_checkpoints",
-    "next_sequence",
     "read_checkpoint",
     "read_manifest",
-    "remove_checkpoint",
+    "unique_token",
     "write_checkpoint",
 ]
 
@@ -78,24 +64,26 @@ PREFIX = "model"
 MANIFEST = "MANIFEST.json"
 LOOP_STATE = "loop.json"
 OPTIMIZER_STATES = "optimizer.states"
-LOCK = ".mxoid-lock"
-_NAME = re.compile(r"^checkpoint-(\d+)-epoch(\d+)-batch(\d+)$")
+FOLDER_NAME = re.compile(r"^checkpoint-(\d+)-epoch(\d+)-batch(\d+)$")
 # .tmp-<name>-<token>: being written; .retired-<name>-<token>: a whole folder replaced by a
 # newer one of the same name; .deleting-<name>-<token>: being deleted. (.old-... and
 # .tmp-...-<pid> are the names of earlier mxoid versions.)
-_TEMPORARY = re.compile(r"^\.(tmp|retired|deleting|old)-(.+)-([0-9a-f]{12}|\d+)$")
-_LOOP_KEYS = ("log", "status", "extensions", "random", "data_position", "num_devices",
-              "update_on_kvstore")
+TEMPORARY_NAME = re.compile(r"^\.(tmp|retired|deleting|old)-(.+)-([0-9a-f]{12}|\d+)$")
+LOOP_STATE_KEYS = ("log", "status", "extensions", "random", "data_position", "num_devices",
+                   "update_on_kvstore")
+"""What every ``loop.json`` holds (:meth:`mxoid.MainLoop.state_dict` writes them, with more)."""
 
 CANNOT_WRITE = ("cannot write checkpoint {path}: {cause}. Nothing was saved there (the "
                 "previous checkpoints are whole); {fix}")
-LOCKED = ("checkpoint directory {directory} is in use by another run ({holder}); two runs "
-          "writing into one directory would overwrite and prune each other's checkpoints. Give "
-          "this run another directory, or stop the other one")
 
 
 class CheckpointError(ValueError):
     """A checkpoint is incomplete, damaged or cannot be written; the message names the file."""
+
+
+class ResumeError(ValueError):
+    """The checkpoint is whole, but not of this training: another network, batch size, data,
+    number of contexts or optimizer. The message names the checkpoint and the difference."""
 
 
 @dataclass
@@ -125,7 +113,8 @@ def checkpoint_name(sequence: int, epochs_done: int, iterations_done: int) -> st
     return f"checkpoint-{sequence:06d}-epoch{epochs_done:04d}-batch{iterations_done:08d}"
 
 
-def _token() -> str:
+def unique_token() -> str:
+    """A short random token that makes a temporary folder's name unique."""
     return uuid.uuid4().hex[:12]
 
 
@@ -150,7 +139,7 @@ def write_checkpoint(path: str, symbol: mx.sym.Symbol, arg_params: Dict[str, mx.
         temporary folder is removed, so a full disk is not kept full.
     """
     parent = os.path.dirname(os.path.abspath(path))
-    temporary = os.path.join(parent, f".tmp-{os.path.basename(path)}-{_token()}")
+    temporary = os.path.join(parent, f".tmp-{os.path.basename(path)}-{unique_token()}")
     try:
         loop_json = _dump_json(loop_state, path)
         os.makedirs(parent, exist_ok=True)
@@ -207,7 +196,7 @@ def _replace(temporary: str, path: str) -> None:
         raise FileExistsError(errno.EEXIST, "a file that is not a checkpoint folder is in the way",
                               path)
     parent, name = os.path.split(path)
-    retired = os.path.join(parent, f".retired-{name}-{_token()}")
+    retired = os.path.join(parent, f".retired-{name}-{unique_token()}")
     os.rename(path, retired)
     os.rename(temporary, path)
     shutil.rmtree(retired, ignore_errors=True)
@@ -274,34 +263,6 @@ def _dump_json(state: Dict[str, Any], path: str) -> str:
                     f"({error}); state_dict() must return plain data: numbers, strings, "
                     "None, lists and dicts with string keys") from None
     raise CheckpointError(f"cannot write checkpoint {path}: its state is not plain data")
-
-
-# ------------------------------------------------------------------- listing
-def list_checkpoints(directory: str) -> List[str]:
-    """Checkpoint folders in ``directory`` (renamed into place, maybe damaged), oldest first
-    (by sequence number, which is the order they were written)."""
-    if not os.path.isdir(directory):
-        return []
-    found = []
-    for name in os.listdir(directory):
-        match = _NAME.match(name)
-        if match and os.path.isdir(os.path.join(directory, name)):
-            found.append((int(match.group(1)), os.path.join(directory, name)))
-    return [path for _, path in sorted(found)]
-
-
-def next_sequence(directory: str) -> int:
-    """The sequence number of the next checkpoint written into ``directory``."""
-    numbers = [int(_NAME.match(os.path.basename(p)).group(1)) for p in list_checkpoints(directory)]
-    return max(numbers, default=0) + 1
-
-
-def is_checkpoint_folder(path: str) -> bool:
-    """True for a folder that is (or was meant to be) one checkpoint, rather than a directory
-    of them: it has a manifest or MXNet's files."""
-    return os.path.isdir(path) and any(
-        os.path.exists(os.path.join(path, name))
-        for name in (MANIFEST, LOOP_STATE, f"{PREFIX}-symbol.json"))
 
 
 def read_manifest(path: str) -> Dict[str, Any]:
@@ -393,7 +354,7 @@ def _read_params(params_file: str, check_finite: bool
 
 
 def _check_loop_state(path: str, state: Any) -> None:
-    missing = [key for key in _LOOP_KEYS if not isinstance(state, dict) or key not in state]
+    missing = [key for key in LOOP_STATE_KEYS if not isinstance(state, dict) or key not in state]
     if not missing:
         log, status = state["log"], state["status"]
         if not (isinstance(log, dict) and isinstance(log.get("rows"), list)
@@ -419,115 +380,6 @@ def _check_optimizer_states(path: str, states: bytes) -> None:
             and isinstance(loaded[1], mx.optimizer.Optimizer)):
         raise CheckpointError(f"checkpoint file {path} is damaged: it does not hold an "
                               "optimizer and its states; use an earlier checkpoint")
-
-
-def latest_checkpoint(directory: str, *, check_finite: bool = False
-                      ) -> Optional[CheckpointContents]:
-    """Return the newest whole checkpoint in ``directory``, or None if there is none.
-
-    Damaged or incomplete checkpoints are skipped with a warning naming the file.
-    """
-    for path in reversed(list_checkpoints(directory)):
-        try:
-            return read_checkpoint(path, check_finite=check_finite)
-        except CheckpointError as error:
-            warnings.warn(f"skipping a damaged checkpoint: {error}", stacklevel=2)
-    return None
-
-
-# ------------------------------------------------------------ deleting, cleaning
-def remove_checkpoint(path: str) -> None:
-    """Delete a checkpoint folder: rename it away first, so no half-deleted one is ever listed."""
-    parent, name = os.path.split(os.path.abspath(path))
-    doomed = os.path.join(parent, f".deleting-{name}-{_token()}")
-    os.rename(path, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
-
-
-def clean_temporaries(directory: str) -> List[Tuple[str, str]]:
-    """Tidy what interrupted writes left in ``directory``; call it holding its :class:`DirectoryLock`.
-
-    Half-written (``.tmp-``) and half-deleted (``.deleting-``) folders are
-    deleted. A retired folder (``.retired-``, a whole checkpoint being
-    replaced) is put back when nothing replaced it, deleted otherwise.
-    Returns ``(path, what was done)`` pairs.
-    """
-    done: List[Tuple[str, str]] = []
-    if not os.path.isdir(directory):
-        return done
-    for name in sorted(os.listdir(directory)):
-        match = _TEMPORARY.match(name)
-        if not match:
-            continue
-        path = os.path.join(directory, name)
-        kind, target = match.group(1), os.path.join(directory, match.group(2))
-        if kind == "retired" and not os.path.lexists(target):
-            os.rename(path, target)
-            done.append((target, "restored (a replacement was interrupted)"))
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        done.append((path, "removed (left half-written by an interrupted run)"))
-    return done
-
-
-class DirectoryLock:
-    """An exclusive lock on a checkpoint directory, held while a run writes into it.
-
-    The lock is ``fcntl.flock`` on ``<directory>/.mxoid-lock``: the operating
-    system releases it when the process ends in any way (a SIGKILL included),
-    so a lock is never left stale, whatever the PID of the process (1 in a
-    container). The file says who holds it.
-
-    Raises
-    ------
-    CheckpointError
-        From :meth:`acquire`, when another process holds the lock or the
-        directory cannot be written.
-    """
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.path = os.path.join(directory, LOCK)
-        self._descriptor: Optional[int] = None
-
-    @property
-    def held(self) -> bool:
-        return self._descriptor is not None
-
-    def acquire(self) -> None:
-        if self.held:
-            return
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as error:
-            raise CheckpointError(CANNOT_WRITE.format(
-                path=self.directory, cause=f"{error.strerror} ({error.filename})",
-                fix="make it writable, or point Checkpoint at another folder")) from None
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            holder = os.pread(descriptor, 4096, 0).decode(errors="replace").strip() or "unknown"
-            os.close(descriptor)
-            raise CheckpointError(LOCKED.format(directory=self.directory, holder=holder)) from None
-        try:
-            about = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
-            os.ftruncate(descriptor, 0)
-            os.pwrite(descriptor, about.encode(), 0)
-            probe = os.path.join(self.directory, f".tmp-probe-{_token()}")
-            os.makedirs(probe)
-            os.rmdir(probe)
-        except OSError as error:
-            os.close(descriptor)
-            raise CheckpointError(CANNOT_WRITE.format(
-                path=self.directory, cause=f"{error.strerror} ({error.filename or self.path})",
-                fix="make it writable, or point Checkpoint at another folder")) from None
-        self._descriptor = descriptor
-
-    def release(self) -> None:
-        if self._descriptor is not None:
-            os.close(self._descriptor)
-            self._descriptor = None
 
 
 # ------------------------------------------------------------------- helpers

@@ -4,7 +4,7 @@
 the servers and the workers, each in its own process group and set to die
 with the launcher; copies their output line by line with a prefix; decides
 when the job has failed, stalled or finished; and ends every process it
-started, and only those. :func:`mxoid.launch.launch` drives it.
+started, and only those. :func:`mxoid.distributed.launch.launch` drives it.
 """
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Sharding is explicit: :class:`~mxoid.MainLoop` never re-shards an iterator it
 is given. With ``dist_sync`` every worker must take the same number of steps
 per epoch (a worker that stops pushing early leaves the others blocked), so
-every worker gets the same number of rows; :func:`steps_per_epoch` lets the
+every worker gets the same number of rows;
+:func:`~mxoid.checkpoint.data_position.batches_per_epoch` lets the
 loop check the counts before training.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 import mxnet as mx
 import numpy as np
 
-__all__ = ["shard", "shard_arrays", "steps_per_epoch"]
+__all__ = ["shard", "shard_arrays"]
 
 ArrayLike = Union[np.ndarray, mx.nd.NDArray]
 DataLike = Union[ArrayLike, Sequence[ArrayLike], Mapping[str, ArrayLike]]
@@ -90,21 +91,3 @@ def shard(data: DataLike, label: Optional[DataLike] = None, *, kvstore: mx.kv.KV
     label = None if label is None else shard_arrays(label, kvstore)
     return mx.io.NDArrayIter(shard_arrays(data, kvstore), label, batch_size=batch_size,
                              **iter_kwargs)
-
-
-def steps_per_epoch(data_iter: Any) -> Optional[int]:
-    """Batches per epoch of an iterator, when it can tell without being consumed.
-
-    Knows ``mx.io.NDArrayIter`` (``last_batch_handle`` ``'pad'`` or
-    ``'discard'``; ``'roll_over'`` varies between epochs) and
-    ``mx.io.ResizeIter``; None otherwise.
-    """
-    if isinstance(data_iter, mx.io.ResizeIter):
-        return int(data_iter.size)
-    if isinstance(data_iter, mx.io.NDArrayIter):
-        count, size = data_iter.num_data, data_iter.batch_size
-        if data_iter.last_batch_handle == "pad":
-            return -(-count // size)
-        if data_iter.last_batch_handle == "discard":
-            return count // size
-    return None

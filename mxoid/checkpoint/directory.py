@@ -1,0 +1,231 @@
+"""A directory of checkpoints: their order, the lock of the run writing them, tidying up
+after interrupted writes, and what ``resume_from`` names.
+
+What ``resume_from`` accepts (:func:`find_checkpoint`)
+------------------------------------------------------
+- A directory of checkpoints (what ``Checkpoint(directory)`` writes): the
+  newest whole checkpoint in it, by order of writing. Damaged ones are
+  skipped with a warning; when every checkpoint is damaged it is an error.
+  A directory holding no checkpoint at all (or not yet existing, when it is
+  the directory of one of the loop's own ``Checkpoint`` extensions) starts
+  a new run, with a warning.
+- One checkpoint folder (``.../checkpoint-000012-epoch0003-batch00000120``,
+  or ``.../best``): exactly that checkpoint; damage is an error.
+
+Anything else (a path that does not exist, a file) is an error.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import warnings
+from typing import Any, Callable, List, Optional, Sequence, Tuple
+
+from .format import (CANNOT_WRITE, FOLDER_NAME, LOOP_STATE, MANIFEST, PREFIX, TEMPORARY_NAME,
+                     CheckpointContents, CheckpointError, read_checkpoint, unique_token)
+
+__all__ = ["DirectoryLock", "clean_temporaries", "find_checkpoint", "is_checkpoint_folder",
+           "latest_checkpoint", "list_checkpoints", "next_sequence", "remove_checkpoint"]
+
+LOCK = ".mxoid-lock"
+LOCKED = ("checkpoint directory {directory} is in use by another run ({holder}); two runs "
+          "writing into one directory would overwrite and prune each other's checkpoints. Give "
+          "this run another directory, or stop the other one")
+NO_CHECKPOINT_YET = ("resume_from={path!r} holds no whole checkpoint yet (no checkpoint at all): "
+                     "training starts from scratch")
+NOT_FOUND = ("resume_from={path!r} does not exist. To resume, give the directory a Checkpoint "
+             "extension wrote into (or one checkpoint folder inside it); to start a new run, "
+             "give no resume_from, or the directory of this loop's own Checkpoint")
+ALL_DAMAGED = ("every checkpoint in {path} is damaged, so there is nothing to resume from:\n"
+               "{errors}\nRepair or remove them to start over there, or resume from another "
+               "directory")
+def list_checkpoints(directory: str) -> List[str]:
+    """Checkpoint folders in ``directory`` (renamed into place, maybe damaged), oldest first
+    (by sequence number, which is the order they were written)."""
+    if not os.path.isdir(directory):
+        return []
+    found = []
+    for name in os.listdir(directory):
+        match = FOLDER_NAME.match(name)
+        if match and os.path.isdir(os.path.join(directory, name)):
+            found.append((int(match.group(1)), os.path.join(directory, name)))
+    return [path for _, path in sorted(found)]
+
+
+def next_sequence(directory: str) -> int:
+    """The sequence number of the next checkpoint written into ``directory``."""
+    numbers = [int(FOLDER_NAME.match(os.path.basename(p)).group(1)) for p in list_checkpoints(directory)]
+    return max(numbers, default=0) + 1
+
+
+def is_checkpoint_folder(path: str) -> bool:
+    """True for a folder that is (or was meant to be) one checkpoint, rather than a directory
+    of them: it has a manifest or MXNet's files."""
+    return os.path.isdir(path) and any(
+        os.path.exists(os.path.join(path, name))
+        for name in (MANIFEST, LOOP_STATE, f"{PREFIX}-symbol.json"))
+
+
+def latest_checkpoint(directory: str, *, check_finite: bool = False
+                      ) -> Optional[CheckpointContents]:
+    """Return the newest whole checkpoint in ``directory``, or None if there is none.
+
+    Damaged or incomplete checkpoints are skipped with a warning naming the file.
+    """
+    for path in reversed(list_checkpoints(directory)):
+        try:
+            return read_checkpoint(path, check_finite=check_finite)
+        except CheckpointError as error:
+            warnings.warn(f"skipping a damaged checkpoint: {error}", stacklevel=2)
+    return None
+
+
+# ------------------------------------------------------------ deleting, cleaning
+def remove_checkpoint(path: str) -> None:
+    """Delete a checkpoint folder: rename it away first, so no half-deleted one is ever listed."""
+    parent, name = os.path.split(os.path.abspath(path))
+    doomed = os.path.join(parent, f".deleting-{name}-{unique_token()}")
+    os.rename(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+def clean_temporaries(directory: str) -> List[Tuple[str, str]]:
+    """Tidy what interrupted writes left in ``directory``; call it holding its :class:`DirectoryLock`.
+
+    Half-written (``.tmp-``) and half-deleted (``.deleting-``) folders are
+    deleted. A retired folder (``.retired-``, a whole checkpoint being
+    replaced) is put back when nothing replaced it, deleted otherwise.
+    Returns ``(path, what was done)`` pairs.
+    """
+    done: List[Tuple[str, str]] = []
+    if not os.path.isdir(directory):
+        return done
+    for name in sorted(os.listdir(directory)):
+        match = TEMPORARY_NAME.match(name)
+        if not match:
+            continue
+        path = os.path.join(directory, name)
+        kind, target = match.group(1), os.path.join(directory, match.group(2))
+        if kind == "retired" and not os.path.lexists(target):
+            os.rename(path, target)
+            done.append((target, "restored (a replacement was interrupted)"))
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        done.append((path, "removed (left half-written by an interrupted run)"))
+    return done
+
+
+class DirectoryLock:
+    """An exclusive lock on a checkpoint directory, held while a run writes into it.
+
+    The lock is ``fcntl.flock`` on ``<directory>/.mxoid-lock``: the operating
+    system releases it when the process ends in any way (a SIGKILL included),
+    so a lock is never left stale, whatever the PID of the process (1 in a
+    container). The file says who holds it.
+
+    Raises
+    ------
+    CheckpointError
+        From :meth:`acquire`, when another process holds the lock or the
+        directory cannot be written.
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.path = os.path.join(directory, LOCK)
+        self._descriptor: Optional[int] = None
+
+    @property
+    def held(self) -> bool:
+        return self._descriptor is not None
+
+    def acquire(self) -> None:
+        if self.held:
+            return
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+            descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as error:
+            raise CheckpointError(CANNOT_WRITE.format(
+                path=self.directory, cause=f"{error.strerror} ({error.filename})",
+                fix="make it writable, or point Checkpoint at another folder")) from None
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = os.pread(descriptor, 4096, 0).decode(errors="replace").strip() or "unknown"
+            os.close(descriptor)
+            raise CheckpointError(LOCKED.format(directory=self.directory, holder=holder)) from None
+        try:
+            about = json.dumps({"pid": os.getpid(), "host": socket.gethostname()})
+            os.ftruncate(descriptor, 0)
+            os.pwrite(descriptor, about.encode(), 0)
+            probe = os.path.join(self.directory, f".tmp-probe-{unique_token()}")
+            os.makedirs(probe)
+            os.rmdir(probe)
+        except OSError as error:
+            os.close(descriptor)
+            raise CheckpointError(CANNOT_WRITE.format(
+                path=self.directory, cause=f"{error.strerror} ({error.filename or self.path})",
+                fix="make it writable, or point Checkpoint at another folder")) from None
+        self._descriptor = descriptor
+
+    def release(self) -> None:
+        if self._descriptor is not None:
+            os.close(self._descriptor)
+            self._descriptor = None
+
+
+def find_checkpoint(resume_from: Optional["os.PathLike[str] | str"],
+                    own_directories: Sequence[str] = (),
+                    check: Any = None) -> Optional[CheckpointContents]:
+    """The checkpoint ``resume_from`` names, under the rules of this module's documentation.
+
+    Parameters
+    ----------
+    resume_from : str or path-like or None
+    own_directories : sequence of str
+        The directories of the loop's Checkpoint extensions: one of them may
+        not exist yet (a first run).
+    check : callable, optional
+        ``check(contents)`` raises :class:`CheckpointError` when a whole
+        checkpoint lacks something this loop needs (a damaged one: an earlier
+        checkpoint is tried) or :class:`ResumeError` when it belongs to another
+        training (never retried).
+
+    Raises
+    ------
+    CheckpointError, ResumeError, ValueError
+    """
+    if resume_from is None:
+        return None
+    path = os.path.abspath(os.fspath(resume_from))
+    check = check or (lambda contents: None)
+    if is_checkpoint_folder(path):
+        contents = read_checkpoint(path, check_finite=True)
+        check(contents)
+        return contents
+    if not os.path.exists(path):
+        if path in {os.path.abspath(d) for d in own_directories}:
+            warnings.warn(NO_CHECKPOINT_YET.format(path=os.fspath(resume_from)), stacklevel=3)
+            return None
+        raise ValueError(NOT_FOUND.format(path=os.fspath(resume_from)))
+    if not os.path.isdir(path):
+        raise ValueError(f"resume_from={os.fspath(resume_from)!r} is a file, not a checkpoint "
+                         "directory or folder")
+    folders = list_checkpoints(path)
+    if not folders:
+        warnings.warn(NO_CHECKPOINT_YET.format(path=os.fspath(resume_from)), stacklevel=3)
+        return None
+    errors: List[str] = []
+    for folder in reversed(folders):
+        try:
+            contents = read_checkpoint(folder, check_finite=True)
+            check(contents)
+            return contents
+        except CheckpointError as error:
+            errors.append(f"- {error}")
+            warnings.warn(f"skipping a damaged checkpoint: {error}", stacklevel=3)
+    raise CheckpointError(ALL_DAMAGED.format(path=path, errors="\n".join(errors)))

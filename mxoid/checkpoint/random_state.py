@@ -1,0 +1,29 @@
+"""NumPy's and Python's global random states, as plain data a checkpoint can hold.
+
+MXNet's own generator cannot be read back in MXNet 1.x; the checkpoint
+reseeds it instead (see :class:`~mxoid.extensions.Checkpoint`).
+"""
+from __future__ import annotations
+
+import random
+from typing import Any, Dict
+
+import numpy as np
+
+__all__ = ["get_random_states", "set_random_states"]
+
+
+def get_random_states() -> Dict[str, Any]:
+    """Return NumPy's and Python's global random states as plain (JSON-ready) data."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    return {"numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+            "python": [version, list(internal), gauss_next]}
+
+
+def set_random_states(state: Dict[str, Any]) -> None:
+    """Restore the states returned by :func:`get_random_states`."""
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+    version, internal, gauss_next = state["python"]
+    random.setstate((version, tuple(internal), gauss_next))

@@ -1,0 +1,46 @@
+"""Distributed training on MXNet's own parameter server (ps-lite), on one host or several.
+
+- :mod:`.servers`: the parameter servers' update rule (:class:`ServerOptimizer`) and how
+  to start a server;
+- :mod:`.workers`: what a worker does beside training: exact exchanges with the other
+  workers, the equal-steps check, the final pull, exiting after an error;
+- :mod:`.sharding`: each worker's equal share of the data;
+- :mod:`.launch` and :mod:`.processes`: ``mxoid launch``, which runs a job on this machine
+  and never hangs.
+
+The names are imported on first use, so that ``mxoid launch`` starts without loading MXNet.
+"""
+from importlib import import_module
+from typing import Any, List
+
+_EXPORTS = {
+    "MERGED": "servers",
+    "ServerOptimizer": "servers",
+    "is_asynchronous": "servers",
+    "is_distributed": "servers",
+    "run_server": "servers",
+    "set_server_optimizer": "servers",
+    "agree_to_stop": "workers",
+    "allgather": "workers",
+    "allreduce_sums": "workers",
+    "check_equal_steps": "workers",
+    "exit_after_error": "workers",
+    "pull_parameters": "workers",
+    "shard": "sharding",
+    "shard_arrays": "sharding",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mxoid.distributed' has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> List[str]:
+    return sorted(set(globals()) | set(__all__))

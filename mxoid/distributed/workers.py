@@ -1,0 +1,227 @@
+"""What a worker of a distributed job does beside training: exchanges with the other
+workers, the checks and the endings that keep a job from hanging.
+
+- :func:`allgather` and :func:`allreduce_sums`: exact exchanges of numbers
+  through the servers' reduction keys (see :mod:`mxoid.distributed.servers`);
+  the metric extensions sum their totals with them, and the loop agrees on
+  stopping with them (:func:`agree_to_stop`);
+- :func:`check_equal_steps`: with ``dist_sync`` every worker must take the
+  same number of steps per epoch, or the job hangs;
+- :func:`pull_parameters` (every worker ends with the servers' parameters)
+  and :func:`exit_after_error` (a failed worker exits instead of hanging in
+  ps-lite's finalize barrier).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from typing import Any, List, NoReturn, Optional, Sequence, Tuple
+
+import mxnet as mx
+import numpy as np
+
+from ..checkpoint.data_position import batches_per_epoch
+from .servers import MERGED, is_asynchronous, is_distributed, reduction_keys
+
+__all__ = ["agree_to_stop", "allgather", "allreduce_sums", "check_equal_steps",
+           "exit_after_error", "pull_parameters"]
+
+logger = logging.getLogger(__name__)
+
+_KEY_PREFIX = "__mxoid_reduce__/"
+_BIGARRAY_BOUND = int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000"))
+
+SERVERS_NOT_MXOID = (
+    "the parameter servers did not merge mxoid's reduction key, so they do not run "
+    "mxoid.distributed.ServerOptimizer (a server started with 'import mxnet' cannot unpickle "
+    "it, and then applies no optimizer either). Start servers with 'mxoid launch', or on each "
+    "server host with 'python -m mxoid.distributed.launch --role server' and DMLC_ROLE unset")
+UNEQUAL_STEPS = (
+    "workers would take unequal numbers of steps per epoch ({counts}); dist_sync would then "
+    "hang when the shortest worker stops pushing. Give every worker the same number of "
+    "batches: shard the data with mxoid.shard(...), or wrap each worker's "
+    "iterator in mx.io.ResizeIter(iterator, size=steps)")
+UNKNOWN_STEPS = (
+    "cannot count the batches per epoch of {kinds}, so mxoid cannot check that every worker "
+    "takes the same number of steps (unequal counts hang dist_sync). Use an mx.io.NDArrayIter "
+    "(e.g. from mxoid.shard) or wrap the iterator in mx.io.ResizeIter")
+NOT_SET_UP = (
+    "this kvstore has no mxoid servers set up yet: create the MainLoop (or call "
+    "set_server_optimizer) before reducing across workers, so that reduction keys are "
+    "numbered after the parameters")
+
+
+def allgather(kvstore: Optional[mx.kv.KVStore], name: str, values: Any) -> np.ndarray:
+    """Return every worker's ``values``, one row per rank; every worker gets the same array.
+
+    A collective call: every worker must make it, in the same order, with
+    the same ``name`` and the same number of values. Without a distributed
+    kvstore it returns ``values`` as the only row.
+
+    Parameters
+    ----------
+    kvstore : KVStore or None
+    name : str
+        With the number of values, names the reduction key; the first call
+        with a name and size creates it (every worker must make that call).
+    values : array_like
+        Converted to float64.
+
+    Returns
+    -------
+    np.ndarray
+        Shape ``(num_workers,) + values.shape``, float64.
+
+    Raises
+    ------
+    RuntimeError
+        When the servers do not run :class:`ServerOptimizer`.
+    """
+    values = np.asarray(values, dtype=np.float64)
+    shape = values.shape
+    if not is_distributed(kvstore):
+        return values[None, ...]
+    values = values.ravel()
+    size = values.size
+    key = _reduction_key(kvstore, name, size)
+    rows = np.zeros((kvstore.num_workers, size + 1))
+    rows[kvstore.rank, :size] = values
+    rows[kvstore.rank, size] = 1.0
+    kvstore.push(key, mx.nd.array(rows, dtype=np.float64))
+    if is_asynchronous(kvstore):  # each push is applied alone: wait for everybody's
+        mx.nd.waitall()
+        kvstore._barrier()
+    out = mx.nd.zeros(rows.shape, dtype=np.float64)
+    kvstore.pull(key, out=out)
+    gathered = out.asnumpy()
+    if is_asynchronous(kvstore):  # nobody pushes the next round before everybody pulled this one
+        kvstore._barrier()
+    if not (gathered[:, size] == MERGED).all():
+        raise RuntimeError(SERVERS_NOT_MXOID)
+    return gathered[:, :size].reshape((kvstore.num_workers,) + shape)
+
+
+def allreduce_sums(kvstore: Optional[mx.kv.KVStore], name: str, values: Any) -> np.ndarray:
+    """Sum ``values`` over the workers; every worker gets the same, bit-identical sums.
+
+    A collective call, like :func:`allgather`; the result has the shape of
+    ``values``. :func:`prepare_workers` makes it the ``reduce`` of the metric
+    extensions, so that evaluation sums and counts are summed over the
+    workers before the division. Without a distributed kvstore it returns
+    ``values`` (as float64).
+
+    Examples
+    --------
+    >>> loss_sum, count = allreduce_sums(loop.kvstore, "valid_loss", [loss_sum, count])
+    """
+    return allgather(kvstore, name, values).sum(axis=0)
+
+
+def _reduction_key(kvstore: mx.kv.KVStore, name: str, size: int) -> str:
+    """The key of reduction ``name`` with ``size`` values, created at first use (collectively)."""
+    if kvstore not in reduction_keys:
+        raise RuntimeError(NOT_SET_UP)
+    known = reduction_keys[kvstore]
+    key = f"{_KEY_PREFIX}{name}/{size}"
+    if key not in known:
+        if kvstore.num_workers * (size + 1) >= _BIGARRAY_BOUND:
+            raise ValueError(f"reduction {name!r} is too large ({size} values): the kvstore "
+                             "would split it across servers")
+        kvstore.init(key, mx.nd.zeros((kvstore.num_workers, size + 1), dtype=np.float64))
+        known.add(key)
+    return key
+
+
+def check_equal_steps(kvstore: mx.kv.KVStore, train_data: Any) -> None:
+    """Raise on every worker when the workers would take unequal numbers of steps per epoch.
+
+    A collective call (one :func:`allgather`), which also checks that the
+    servers run :class:`ServerOptimizer`. With ``dist_async`` unequal counts
+    do not hang, so only the server check applies. When some iterator cannot
+    tell its length (:func:`steps_per_epoch`), rank 0 logs a warning.
+
+    Raises
+    ------
+    ValueError
+        With ``dist_sync``, when the counts differ.
+    """
+    steps = batches_per_epoch(train_data)
+    counts = allgather(kvstore, "steps_per_epoch", -1 if steps is None else steps)
+    if is_asynchronous(kvstore):
+        return
+    if (counts < 0).any():
+        if kvstore.rank == 0:
+            logger.warning(UNKNOWN_STEPS.format(kinds=type(train_data).__name__))
+        return
+    if (counts != counts[0]).any():
+        described = ", ".join(f"rank {rank}: {int(count)}" for rank, count in enumerate(counts))
+        raise ValueError(UNEQUAL_STEPS.format(counts=described))
+
+
+def pull_parameters(kvstore: mx.kv.KVStore, param_names: Sequence[str],
+                    param_arrays: List[List[mx.nd.NDArray]]) -> None:
+    """Give every device of every worker the servers' current parameters.
+
+    A collective call: pushes in flight are finished first, then the workers
+    meet at a barrier, then each pulls. With ``dist_async`` this is what
+    makes all workers end training with the same parameters.
+    """
+    mx.nd.waitall()  # a barrier does not wait for pushes in flight
+    kvstore._barrier()
+    for name, arrays in zip(param_names, param_arrays):
+        kvstore.pull(name, out=arrays, priority=0)
+    mx.nd.waitall()
+
+
+def exit_after_error(error: BaseException, rank: int) -> NoReturn:
+    """Report ``error`` on stderr and end this worker now: status 1, the code of a
+    ``SystemExit`` (1 for 0: ending alone is a failure), 130 for ``KeyboardInterrupt``.
+
+    A worker that raises would otherwise hang at interpreter exit in
+    ps-lite's finalize barrier, waiting for workers that wait for it. Output
+    buffers and logging handlers are flushed, then the process ends with
+    ``os._exit``; a launcher (``mxoid launch``) then stops the others.
+    """
+    status = 1
+    if isinstance(error, SystemExit):
+        # Exiting alone, even with status 0, leaves the other workers waiting for this one.
+        status = error.code if isinstance(error.code, int) and error.code else 1
+        print(f"mxoid: worker of rank {rank} called sys.exit({error.code!r}) during training; "
+              f"exiting with status {status} without waiting for the other workers, which "
+              "cannot go on without it", file=sys.stderr)
+    elif isinstance(error, KeyboardInterrupt):
+        status = 128 + 2
+        print(f"mxoid: worker of rank {rank} was interrupted (KeyboardInterrupt); exiting "
+              "without waiting for the other workers", file=sys.stderr)
+    else:
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
+        print(f"mxoid: worker of rank {rank} failed ({type(error).__name__}: {error}); exiting "
+              "without waiting for the other workers", file=sys.stderr)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
+
+
+
+
+def agree_to_stop(kvstore: mx.kv.KVStore, wants_to_stop: bool, signal_number: int,
+                  epoch_interrupt: bool) -> Optional[Tuple[int, int, bool]]:
+    """Tell every worker whether any of them wants to stop; None when none does.
+
+    A collective call (one :func:`allgather`). Otherwise ``(rank, signal, epoch_interrupt)``:
+    the first rank that wants to stop, the first signal number any worker received (0 for
+    none), and whether any worker received a first Ctrl-C (stop at the end of the epoch).
+    """
+    rows = allgather(kvstore, "stop_agreement",
+                     [float(wants_to_stop), float(signal_number), float(epoch_interrupt)])
+    wanting = np.flatnonzero(rows[:, 0])
+    if not len(wanting):
+        return None
+    signals = [int(number) for number in rows[:, 1] if number]
+    return int(wanting[0]), (signals[0] if signals else 0), bool(rows[:, 2].any())
