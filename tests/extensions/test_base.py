@@ -1,0 +1,93 @@
+"""The Extension API: firing conditions beside overridden hooks, predicates on the log,
+OnLogRecord, attach."""
+import pytest
+
+from mxoid import Extension, FinishAfter, OnLogRecord, TrackBest
+from mxoid.extensions import FIRING_KEYWORDS, HOOKS
+
+from scripted import Script, small_loop
+
+
+class OverridesAfterEpoch(Extension):
+    """Overrides after_epoch without calling super(), and has do() with every_n_batches."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.epochs, self.fired = [], []
+
+    def after_epoch(self):
+        self.epochs.append(self.main_loop.status.epochs_done)
+
+    def do(self, which_callback, *args):
+        self.fired.append((which_callback, self.main_loop.status.iterations_done))
+
+
+def test_an_overridden_hook_never_disables_the_firing_conditions():
+    extension = OverridesAfterEpoch(every_n_batches=3, every_n_epochs=2)
+    small_loop([extension, FinishAfter(after_n_epochs=2)]).run()  # 4 batches per epoch
+    assert extension.epochs == [1, 2]
+    assert extension.fired == [("after_batch", 3), ("after_batch", 6), ("after_epoch", 8)]
+
+
+class CallsSuper(OverridesAfterEpoch):
+    def after_epoch(self):
+        self.fired.append(("before super", self.main_loop.status.epochs_done))
+        super().after_epoch()  # the conditions fire here, once
+
+
+def test_an_override_that_calls_super_fires_the_conditions_where_it_calls_it():
+    extension = CallsSuper(after_epoch=True)
+    small_loop([extension, FinishAfter(after_n_epochs=2)]).run()
+    assert extension.fired == [("before super", 1), ("after_epoch", 4),
+                               ("before super", 2), ("after_epoch", 8)]
+
+
+class Recorder(Extension):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.fired = []
+
+    def do(self, which_callback, *args):
+        self.fired.append((which_callback, self.main_loop.status.iterations_done))
+
+
+def test_on_log_record_fires_exactly_where_the_record_was_written():
+    record = OnLogRecord("score")
+    recorder = Recorder()
+    recorder.add_condition("after_batch", record).add_condition("after_epoch", record)
+    script = Script("score", [1.0, 2.0, 3.0], after_epoch=False)
+    script.add_condition("after_batch", lambda log: log.status.iterations_done in (2, 7))
+    script.add_condition("after_epoch", lambda log: log.status.epochs_done == 2)
+    small_loop([script, recorder, FinishAfter(after_n_epochs=3)]).run()
+    assert recorder.fired == [("after_batch", 2), ("after_batch", 7), ("after_epoch", 8)]
+
+
+def test_checkpoint_the_best_model_is_track_best_plus_a_condition():
+    scores = [0.5, 0.9, 0.7, 0.95, 0.2]
+    keeper = Recorder(priority=20)
+    keeper.add_condition("after_epoch", OnLogRecord("score_new_best"))
+    small_loop([Script("score", scores), TrackBest("score", mode="max"), keeper,
+                FinishAfter(after_n_epochs=5)]).run()
+    assert keeper.fired == [("after_epoch", 4), ("after_epoch", 8), ("after_epoch", 16)]
+
+
+def test_predicates_receive_the_log_and_status_style_predicates_still_work():
+    seen = []
+    recorder = Recorder()
+    recorder.add_condition("after_batch", lambda log: seen.append(type(log).__name__) or
+                           log.iterations_done == 3 and log.status["epochs_done"] == 0)
+    small_loop([recorder, FinishAfter(after_n_epochs=1)]).run()
+    assert recorder.fired == [("after_batch", 3)] and set(seen) == {"TrainingLog"}
+
+
+def test_one_table_of_firing_keywords():
+    assert set(FIRING_KEYWORDS) == set(HOOKS) | {"every_n_batches", "every_n_epochs",
+                                                 "after_n_batches", "after_n_epochs"}
+    with pytest.raises(ValueError, match="unknown hook"):
+        Extension().add_condition("after_everything")
+
+
+def test_attach_gives_the_loop():
+    recorder = Recorder(after_epoch=True)
+    loop = small_loop([recorder, FinishAfter(after_n_epochs=1)])
+    assert recorder.main_loop is loop

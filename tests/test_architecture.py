@@ -1,0 +1,130 @@
+"""The package's structure: folders by concern, one-way imports, old paths that still work."""
+import ast
+import importlib
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import mxoid
+
+PACKAGE = Path(mxoid.__file__).parent
+TOP_LEVEL = {"__init__", "__main__", "cli", "errors", "executor_manager", "fused_updater",
+             "initialization", "interrupt", "launch", "main_loop", "update"}
+FOLDERS = {"checkpoint", "distributed", "extensions", "log", "metrics"}
+
+
+def module_name(path):
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports(path):
+    """(runtime, type_only): the mxoid modules a file imports, resolved."""
+    tree = ast.parse(path.read_text())
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    type_only_nodes = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            type_only_nodes.update(id(inner) for inner in ast.walk(node))
+    runtime, type_only = set(), set()
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")
+                anchor = anchor[:len(anchor) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        found = {t for t in targets if t.startswith("mxoid") and _is_module(t)}
+        (type_only if id(node) in type_only_nodes else runtime).update(found)
+    return runtime - {name}, type_only - {name}
+
+
+def _is_module(name):
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def graph():
+    runtime, type_only = {}, {}
+    for path in PACKAGE.rglob("*.py"):
+        runtime[module_name(path)], type_only[module_name(path)] = imports(path)
+    return runtime, type_only
+
+
+def reaches(edges, start, goal):
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        if node == goal:
+            return True
+        if node not in seen:
+            seen.add(node)
+            todo.extend(edges.get(node, ()))
+    return False
+
+
+def test_the_top_level_holds_the_loop_and_one_folder_per_concern():
+    modules = {p.stem for p in PACKAGE.glob("*.py")}
+    folders = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
+    assert modules == TOP_LEVEL and folders == FOLDERS
+
+
+def test_runtime_imports_have_no_circle():
+    runtime, _ = graph()
+    for module, targets in runtime.items():
+        for target in targets:
+            # A package importing its own submodules is how packages are made.
+            if target.startswith(module + "."):
+                continue
+            assert not reaches({m: {t for t in ts if not t.startswith(m + ".")}
+                                for m, ts in runtime.items()}, target, module), \
+                f"import circle: {module} -> {target} -> ... -> {module}"
+
+
+def test_the_only_type_only_reference_back_is_from_the_extension_api_to_the_loop():
+    runtime, type_only = graph()
+    for module, targets in type_only.items():
+        for target in targets:
+            if reaches(runtime, target, module):
+                assert module.startswith("mxoid.extensions.") and target == "mxoid.main_loop", \
+                    f"{module} refers back to {target}"
+
+
+def test_the_public_names_are_written_once_and_import():
+    tree = ast.parse((PACKAGE / "__init__.py").read_text())
+    checked = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.dump(node.test):
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.ImportFrom):
+                    checked.update(alias.name for alias in inner.names)
+    assert checked == set(mxoid.__all__) == set(mxoid._EXPORTS)
+    for name in mxoid.__all__:
+        assert getattr(mxoid, name) is not None
+
+
+@pytest.mark.parametrize("old, new", sorted(mxoid.MOVED.items()))
+def test_old_module_paths_still_import_with_a_warning_naming_the_new_one(old, new):
+    sys.modules.pop(old, None)
+    with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(new)
+
+
+def test_python_dash_m_mxoid_launch_still_runs():
+    done = subprocess.run([sys.executable, "-m", "mxoid.launch", "--help"], capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0 and "--stall-timeout" in done.stdout
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from mxoid.launch import main  # noqa: F401  (no warning: a module of its own)
