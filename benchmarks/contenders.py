@@ -13,6 +13,7 @@ on ``*_weight`` parameters only (MXNet's default for symbols), gradients
 summed over the batch and rescaled by ``1 / batch_size``. On two contexts the
 batch is split in two halves and the gradients of both halves are summed.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,15 @@ for _name, _value in THREAD_SETTINGS.items():
 
 import mxnet as mx  # noqa: E402
 
-__all__ = ["CONTENDERS", "EQUAL_TO_HAND", "OPTIMIZER_PARAMS", "build_symbol", "make_data",
-           "initial_params", "run_worker"]
+__all__ = [
+    "CONTENDERS",
+    "EQUAL_TO_HAND",
+    "OPTIMIZER_PARAMS",
+    "build_symbol",
+    "make_data",
+    "initial_params",
+    "run_worker",
+]
 
 OPTIMIZER_PARAMS = {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4}
 NUM_CLASSES = 10
@@ -50,8 +58,13 @@ PARAM_SEED = 1
 EVERYDAY_NAMES = ("TrainingMonitoring", "ProgressBar", "Printing", "Timing", "JSONLinesLog")
 # Where each everyday extension is being written, for a note when it is not yet
 # exported by mxoid.extensions.
-EVERYDAY_MODULES = {"TrainingMonitoring": "monitoring", "ProgressBar": "printing",
-                    "Printing": "printing", "Timing": "timing", "JSONLinesLog": "log_writers"}
+EVERYDAY_MODULES = {
+    "TrainingMonitoring": "monitoring",
+    "ProgressBar": "printing",
+    "Printing": "printing",
+    "Timing": "timing",
+    "JSONLinesLog": "log_writers",
+}
 
 
 # --------------------------------------------------------------------- models
@@ -59,20 +72,25 @@ def build_symbol(model: str) -> mx.sym.Symbol:
     """The MLP 784-128-64-10 or LeNet (tanh, max pooling), with a softmax output."""
     data = mx.sym.Variable("data")
     if model == "mlp":
-        net = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=128, name="fc1"),
-                                act_type="relu", name="relu1")
-        net = mx.sym.Activation(mx.sym.FullyConnected(net, num_hidden=64, name="fc2"),
-                                act_type="relu", name="relu2")
+        net = mx.sym.Activation(
+            mx.sym.FullyConnected(data, num_hidden=128, name="fc1"), act_type="relu", name="relu1"
+        )
+        net = mx.sym.Activation(
+            mx.sym.FullyConnected(net, num_hidden=64, name="fc2"), act_type="relu", name="relu2"
+        )
         net = mx.sym.FullyConnected(net, num_hidden=NUM_CLASSES, name="fc3")
     elif model == "lenet":
         net = data
         for i, filters in ((1, 20), (2, 50)):
             net = mx.sym.Convolution(net, kernel=(5, 5), num_filter=filters, name=f"conv{i}")
             net = mx.sym.Activation(net, act_type="tanh", name=f"tanh{i}")
-            net = mx.sym.Pooling(net, pool_type="max", kernel=(2, 2), stride=(2, 2), name=f"pool{i}")
+            net = mx.sym.Pooling(
+                net, pool_type="max", kernel=(2, 2), stride=(2, 2), name=f"pool{i}"
+            )
         net = mx.sym.Flatten(net, name="flatten")
-        net = mx.sym.Activation(mx.sym.FullyConnected(net, num_hidden=500, name="fc1"),
-                                act_type="tanh", name="tanh3")
+        net = mx.sym.Activation(
+            mx.sym.FullyConnected(net, num_hidden=500, name="fc1"), act_type="tanh", name="tanh3"
+        )
         net = mx.sym.FullyConnected(net, num_hidden=NUM_CLASSES, name="fc2")
     else:
         raise ValueError(f"unknown model {model!r}; use 'mlp' or 'lenet'")
@@ -82,20 +100,25 @@ def build_symbol(model: str) -> mx.sym.Symbol:
 def gluon_net(model: str):
     """The same network as a Gluon HybridSequential, its parameters named as the symbol's."""
     from mxnet import gluon
+
     nn = gluon.nn
     net = nn.HybridSequential(prefix="")
     with net.name_scope():
         if model == "mlp":
-            net.add(nn.Dense(128, activation="relu", in_units=784, prefix="fc1_"),
-                    nn.Dense(64, activation="relu", in_units=128, prefix="fc2_"),
-                    nn.Dense(NUM_CLASSES, in_units=64, prefix="fc3_"))
+            net.add(
+                nn.Dense(128, activation="relu", in_units=784, prefix="fc1_"),
+                nn.Dense(64, activation="relu", in_units=128, prefix="fc2_"),
+                nn.Dense(NUM_CLASSES, in_units=64, prefix="fc3_"),
+            )
         else:
-            net.add(nn.Conv2D(20, 5, activation="tanh", in_channels=1, prefix="conv1_"),
-                    nn.MaxPool2D(2, 2),
-                    nn.Conv2D(50, 5, activation="tanh", in_channels=20, prefix="conv2_"),
-                    nn.MaxPool2D(2, 2),
-                    nn.Dense(500, activation="tanh", in_units=800, prefix="fc1_"),
-                    nn.Dense(NUM_CLASSES, in_units=500, prefix="fc2_"))
+            net.add(
+                nn.Conv2D(20, 5, activation="tanh", in_channels=1, prefix="conv1_"),
+                nn.MaxPool2D(2, 2),
+                nn.Conv2D(50, 5, activation="tanh", in_channels=20, prefix="conv2_"),
+                nn.MaxPool2D(2, 2),
+                nn.Dense(500, activation="tanh", in_units=800, prefix="fc1_"),
+                nn.Dense(NUM_CLASSES, in_units=500, prefix="fc2_"),
+            )
     return net
 
 
@@ -192,8 +215,9 @@ def hand_loop(spec, train_iter, init, clock, stock_updater: bool = False):
     executors = []
     for ctx, slc in zip(ctxs, slices):
         rows = slc.stop - slc.start
-        executor = symbol.simple_bind(ctx, grad_req=grad_req, data=(rows,) + shape,
-                                      softmax_label=(rows,))
+        executor = symbol.simple_bind(
+            ctx, grad_req=grad_req, data=(rows,) + shape, softmax_label=(rows,)
+        )
         for name in names:
             executor.arg_dict[name][:] = init[name]
         executors.append(executor)
@@ -209,8 +233,13 @@ def hand_loop(spec, train_iter, init, clock, stock_updater: bool = False):
     kvstore = None
     if len(ctxs) == 1:
         if stock_updater:
-            optimizer = mx.optimizer.create("sgd", sym=symbol, param_idx2name=dict(enumerate(names)),
-                                            rescale_grad=rescale, **params)
+            optimizer = mx.optimizer.create(
+                "sgd",
+                sym=symbol,
+                param_idx2name=dict(enumerate(names)),
+                rescale_grad=rescale,
+                **params,
+            )
             updater = mx.optimizer.get_updater(optimizer)
             indices = list(range(len(names)))
             device_weights, device_grads = weights[0], grads[0]
@@ -222,21 +251,36 @@ def hand_loop(spec, train_iter, init, clock, stock_updater: bool = False):
         for i in range(len(names)):
             kvstore.init(i, weights[0][i])
         if stock_updater:
-            kvstore.set_optimizer(mx.optimizer.create(
-                "sgd", sym=symbol, param_idx2name=dict(enumerate(names)), rescale_grad=rescale,
-                **params))
+            kvstore.set_optimizer(
+                mx.optimizer.create(
+                    "sgd",
+                    sym=symbol,
+                    param_idx2name=dict(enumerate(names)),
+                    rescale_grad=rescale,
+                    **params,
+                )
+            )
         else:
             moms = {}
 
             def kvstore_updater(key, grad, weight):
                 if key not in moms:
                     moms[key] = mx.nd.zeros(weight.shape, ctx=weight.context)
-                sgd_mom_update(weight, grad, moms[key], out=weight, lr=lr, momentum=momentum,
-                               wd=wds[key], rescale_grad=rescale)
+                sgd_mom_update(
+                    weight,
+                    grad,
+                    moms[key],
+                    out=weight,
+                    lr=lr,
+                    momentum=momentum,
+                    wd=wds[key],
+                    rescale_grad=rescale,
+                )
 
             kvstore._set_updater(kvstore_updater)
-        pushpulls = [(i, [g[i] for g in grads], [w[i] for w in weights], -i)
-                     for i in range(len(names))]
+        pushpulls = [
+            (i, [g[i] for g in grads], [w[i] for w in weights], -i) for i in range(len(names))
+        ]
     for _ in range(spec["epochs"]):
         train_iter.reset()
         for batch in train_iter:
@@ -259,8 +303,16 @@ def hand_loop(spec, train_iter, init, clock, stock_updater: bool = False):
                 updater(indices, device_grads, device_weights)
             else:
                 for weight, grad, mom, wd in steps:
-                    sgd_mom_update(weight, grad, mom, out=weight, lr=lr, momentum=momentum, wd=wd,
-                                   rescale_grad=rescale)
+                    sgd_mom_update(
+                        weight,
+                        grad,
+                        mom,
+                        out=weight,
+                        lr=lr,
+                        momentum=momentum,
+                        wd=wd,
+                        rescale_grad=rescale,
+                    )
         clock.tick()
     return {n: w.asnumpy() for n, w in zip(names, weights[0])}
 
@@ -271,12 +323,19 @@ def hand_stock_updater(spec, train_iter, init, clock):
 
 def module_fit(spec, train_iter, init, clock, metric):
     """``mx.mod.Module.fit`` with kvstore ``'local'`` (MXNet's defaults otherwise)."""
-    module = mx.mod.Module(build_symbol(spec["model"]), context=contexts(spec["contexts"]),
-                           logger=_quiet_logger())
-    module.fit(train_iter, num_epoch=spec["epochs"], optimizer="sgd",
-               optimizer_params=dict(OPTIMIZER_PARAMS),
-               arg_params={k: mx.nd.array(v) for k, v in init.items()},
-               kvstore="local", eval_metric=metric, epoch_end_callback=clock.tick)
+    module = mx.mod.Module(
+        build_symbol(spec["model"]), context=contexts(spec["contexts"]), logger=_quiet_logger()
+    )
+    module.fit(
+        train_iter,
+        num_epoch=spec["epochs"],
+        optimizer="sgd",
+        optimizer_params=dict(OPTIMIZER_PARAMS),
+        arg_params={k: mx.nd.array(v) for k, v in init.items()},
+        kvstore="local",
+        eval_metric=metric,
+        epoch_end_callback=clock.tick,
+    )
     return {k: v.asnumpy() for k, v in module.get_params()[0].items()}
 
 
@@ -291,14 +350,25 @@ def module_fit_no_metric(spec, train_iter, init, clock):
 def feedforward_fit(spec, train_iter, init, clock):
     """The legacy ``mx.model.FeedForward.fit``, accuracy metric (its default)."""
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
-        model = mx.model.FeedForward(build_symbol(spec["model"]), ctx=contexts(spec["contexts"]),
-                                     num_epoch=spec["epochs"], optimizer="sgd",
-                                     arg_params={k: mx.nd.array(v) for k, v in init.items()},
-                                     aux_params={}, **OPTIMIZER_PARAMS)
-        model.fit(train_iter, eval_metric="acc", epoch_end_callback=clock.tick, kvstore="local",
-                  logger=_quiet_logger())
+        model = mx.model.FeedForward(
+            build_symbol(spec["model"]),
+            ctx=contexts(spec["contexts"]),
+            num_epoch=spec["epochs"],
+            optimizer="sgd",
+            arg_params={k: mx.nd.array(v) for k, v in init.items()},
+            aux_params={},
+            **OPTIMIZER_PARAMS,
+        )
+        model.fit(
+            train_iter,
+            eval_metric="acc",
+            epoch_end_callback=clock.tick,
+            kvstore="local",
+            logger=_quiet_logger(),
+        )
     return {k: v.asnumpy() for k, v in model.arg_params.items()}
 
 
@@ -310,6 +380,7 @@ def gluon_trainer(spec, train_iter, init, clock):
     biases get ``wd_mult = 0`` as symbols do.
     """
     from mxnet import autograd, gluon
+
     ctxs = contexts(spec["contexts"])
     net = gluon_net(spec["model"])
     net.initialize(ctx=ctxs)
@@ -356,11 +427,21 @@ def _clock_extension(clock):
 
 def mxoid_loop(spec, train_iter, init, clock, extensions=()):
     from mxoid import FinishAfter, MainLoop
-    loop = MainLoop(build_symbol(spec["model"]), train_iter, contexts=contexts(spec["contexts"]),
-                    optimizer="sgd", optimizer_params=dict(OPTIMIZER_PARAMS),
-                    arg_params={k: mx.nd.array(v) for k, v in init.items()}, kvstore="local",
-                    extensions=[FinishAfter(after_n_epochs=spec["epochs"]), *extensions,
-                                _clock_extension(clock)])
+
+    loop = MainLoop(
+        build_symbol(spec["model"]),
+        train_iter,
+        contexts=contexts(spec["contexts"]),
+        optimizer="sgd",
+        optimizer_params=dict(OPTIMIZER_PARAMS),
+        arg_params={k: mx.nd.array(v) for k, v in init.items()},
+        kvstore="local",
+        extensions=[
+            FinishAfter(after_n_epochs=spec["epochs"]),
+            *extensions,
+            _clock_extension(clock),
+        ],
+    )
     loop.run()
     return {k: v.asnumpy() for k, v in loop.get_params()[0].items()}
 
@@ -379,6 +460,7 @@ def find_everyday_extensions():
     """
     import importlib
     import mxoid.extensions as package
+
     found, notes = {}, []
     for name in EVERYDAY_NAMES:
         cls = getattr(package, name, None)
@@ -418,7 +500,9 @@ def everyday_extensions(workdir: str, tag: str = ""):
         try:
             extensions.append(build_everyday(name, cls, workdir, tag))
         except Exception as error:  # an API still changing: report, do not crash the run
-            notes.append(f"{name} skipped: its constructor failed ({type(error).__name__}: {error})")
+            notes.append(
+                f"{name} skipped: its constructor failed ({type(error).__name__}: {error})"
+            )
     return extensions, notes
 
 
@@ -431,8 +515,11 @@ def mxoid_everyday(spec, train_iter, init, clock):
 
 
 CONTENDERS = {
-    "hand": (hand_loop, "hand-written simple_bind loop, sgd_mom_update per parameter (on the "
-                        "kvstore with two contexts)"),
+    "hand": (
+        hand_loop,
+        "hand-written simple_bind loop, sgd_mom_update per parameter (on the "
+        "kvstore with two contexts)",
+    ),
     "hand_stock_updater": (hand_stock_updater, "hand-written loop, MXNet's stock updater"),
     "module_fit_acc": (module_fit_accuracy, "Module.fit, accuracy metric"),
     "module_fit_nometric": (module_fit_no_metric, "Module.fit, empty CompositeEvalMetric"),
@@ -443,8 +530,14 @@ CONTENDERS = {
 }
 """Name -> (training function, one-line description)."""
 
-EQUAL_TO_HAND = ("hand_stock_updater", "module_fit_acc", "module_fit_nometric", "feedforward",
-                 "mxoid_bare", "mxoid_everyday")
+EQUAL_TO_HAND = (
+    "hand_stock_updater",
+    "module_fit_acc",
+    "module_fit_nometric",
+    "feedforward",
+    "mxoid_bare",
+    "mxoid_everyday",
+)
 """Contenders that compute exactly what the hand loop computes (same graph, same
 update order, same data order), so their final parameters must match it."""
 
@@ -468,8 +561,9 @@ def run_worker(spec_path: str) -> None:
     spec["notes"] = []
     function = CONTENDERS[spec["contender"]][0]
     X, y = make_data(spec["model"], spec["samples"])
-    train_iter = mx.io.NDArrayIter(X, y, batch_size=spec["batch_size"], shuffle=False,
-                                   label_name="softmax_label")
+    train_iter = mx.io.NDArrayIter(
+        X, y, batch_size=spec["batch_size"], shuffle=False, label_name="softmax_label"
+    )
     del X, y
     init = initial_params(spec["model"])
     rss_before = _rss_kib()

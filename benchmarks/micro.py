@@ -22,6 +22,7 @@ Usage::
 
     python benchmarks/micro.py [--quick | --tiny] [--json PATH]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,12 +46,30 @@ from mxoid.extensions.dispatch import HookDispatcher  # noqa: E402
 from mxoid.log import TrainingLog, TrainingStatus  # noqa: E402
 
 SIZES = {
-    "full": {"fires": 20000, "repeats": 7, "samples": 4096, "epochs": 3, "rounds": 5,
-             "cells": [(1, None), (2, ("TrainingMonitoring", "all everyday"))]},
-    "quick": {"fires": 5000, "repeats": 5, "samples": 2048, "epochs": 2, "rounds": 2,
-              "cells": [(1, None)]},
-    "tiny": {"fires": 500, "repeats": 2, "samples": 256, "epochs": 1, "rounds": 1,
-             "cells": [(1, ("TrainingMonitoring", "all everyday"))]},
+    "full": {
+        "fires": 20000,
+        "repeats": 7,
+        "samples": 4096,
+        "epochs": 3,
+        "rounds": 5,
+        "cells": [(1, None), (2, ("TrainingMonitoring", "all everyday"))],
+    },
+    "quick": {
+        "fires": 5000,
+        "repeats": 5,
+        "samples": 2048,
+        "epochs": 2,
+        "rounds": 2,
+        "cells": [(1, None)],
+    },
+    "tiny": {
+        "fires": 500,
+        "repeats": 2,
+        "samples": 256,
+        "epochs": 1,
+        "rounds": 1,
+        "cells": [(1, ("TrainingMonitoring", "all everyday"))],
+    },
 }
 
 
@@ -68,7 +87,7 @@ class DoesNothing(Extension):
 STYLES = {
     "no-op after_batch override": lambda: OverridesHook(),
     "do(), condition holds": lambda: DoesNothing(after_batch=True),
-    "do(), condition false": lambda: DoesNothing(every_n_batches=10 ** 9),
+    "do(), condition false": lambda: DoesNothing(every_n_batches=10**9),
 }
 
 
@@ -90,8 +109,14 @@ def dispatch_cost(count: int, style: str, fires: int, repeats: int) -> Dict[str,
             fire(batch)
         timings.append((time.perf_counter() - start) / fires)
     per_hook = 1e6 * min(timings)  # as timeit: other processes only ever add time
-    return {"extensions": count, "style": style, "us_per_hook": per_hook,
-            "us_per_extension": per_hook / count, "fires": fires, "repeats": repeats}
+    return {
+        "extensions": count,
+        "style": style,
+        "us_per_hook": per_hook,
+        "us_per_extension": per_hook / count,
+        "fires": fires,
+        "repeats": repeats,
+    }
 
 
 # ------------------------------------------------------- per-batch extension cost
@@ -116,12 +141,19 @@ def loop_run(data, num_contexts: int, extensions: list, epochs: int) -> Dict[str
     X, y = data
     train = mx.io.NDArrayIter(X, y, batch_size=32, shuffle=False, label_name="softmax_label")
     clock = contenders.EpochClock()
-    loop = MainLoop(contenders.build_symbol("mlp"), train,
-                    contexts=contenders.contexts(num_contexts), optimizer="sgd",
-                    optimizer_params=dict(contenders.OPTIMIZER_PARAMS),
-                    arg_params={k: mx.nd.array(v) for k, v in contenders.initial_params("mlp").items()},
-                    extensions=[FinishAfter(after_n_epochs=1 + epochs), *extensions,
-                                contenders._clock_extension(clock)])
+    loop = MainLoop(
+        contenders.build_symbol("mlp"),
+        train,
+        contexts=contenders.contexts(num_contexts),
+        optimizer="sgd",
+        optimizer_params=dict(contenders.OPTIMIZER_PARAMS),
+        arg_params={k: mx.nd.array(v) for k, v in contenders.initial_params("mlp").items()},
+        extensions=[
+            FinishAfter(after_n_epochs=1 + epochs),
+            *extensions,
+            contenders._clock_extension(clock),
+        ],
+    )
     stdout, sys.stdout = sys.stdout, _silence_stdout()
     try:
         clock.tick()
@@ -135,11 +167,16 @@ def loop_run(data, num_contexts: int, extensions: list, epochs: int) -> Dict[str
     names = {e.name for e in extensions}
     # Only the per-batch hooks: an after_epoch hook that reads a value back waits
     # there for the epoch's queued work, which is not its own cost.
-    hook_seconds = sum(s for name, hook, _, s in loop.profile()
-                       if name in names and hook in ("before_batch", "after_batch"))
-    return {"batch_seconds": float(np.median(seconds)) / batches,
-            "batch_cpu_seconds": float(np.median(cpu_seconds)) / batches,
-            "hook_seconds_per_batch": hook_seconds / loop.status.iterations_done}
+    hook_seconds = sum(
+        s
+        for name, hook, _, s in loop.profile()
+        if name in names and hook in ("before_batch", "after_batch")
+    )
+    return {
+        "batch_seconds": float(np.median(seconds)) / batches,
+        "batch_cpu_seconds": float(np.median(cpu_seconds)) / batches,
+        "hook_seconds_per_batch": hook_seconds / loop.status.iterations_done,
+    }
 
 
 def per_batch_costs(size: dict, workdir: str) -> (List[dict], List[str]):
@@ -162,16 +199,32 @@ def per_batch_costs(size: dict, workdir: str) -> (List[dict], List[str]):
         bare = min(r["batch_seconds"] for r in runs["bare"])
         bare_cpu = min(r["batch_cpu_seconds"] for r in runs["bare"])
         cell = f"MLP b32 {num_contexts} ctx"
-        results.append({"name": "bare MainLoop (FinishAfter only)", "cell": cell,
-                        "batch_us": 1e6 * bare, "us_per_batch": 0.0, "batch_cpu_us": 1e6 * bare_cpu,
-                        "cpu_us_per_batch": 0.0, "hook_us_per_batch": 0.0})
+        results.append(
+            {
+                "name": "bare MainLoop (FinishAfter only)",
+                "cell": cell,
+                "batch_us": 1e6 * bare,
+                "us_per_batch": 0.0,
+                "batch_cpu_us": 1e6 * bare_cpu,
+                "cpu_us_per_batch": 0.0,
+                "hook_us_per_batch": 0.0,
+            }
+        )
         for name in variants:
             seconds = min(r["batch_seconds"] for r in runs[name])
             cpu = min(r["batch_cpu_seconds"] for r in runs[name])
             hooks = min(r["hook_seconds_per_batch"] for r in runs[name])
-            results.append({"name": f"+ {name}", "cell": cell, "batch_us": 1e6 * seconds,
-                            "us_per_batch": 1e6 * (seconds - bare), "batch_cpu_us": 1e6 * cpu,
-                            "cpu_us_per_batch": 1e6 * (cpu - bare_cpu), "hook_us_per_batch": 1e6 * hooks})
+            results.append(
+                {
+                    "name": f"+ {name}",
+                    "cell": cell,
+                    "batch_us": 1e6 * seconds,
+                    "us_per_batch": 1e6 * (seconds - bare),
+                    "batch_cpu_us": 1e6 * cpu,
+                    "cpu_us_per_batch": 1e6 * (cpu - bare_cpu),
+                    "hook_us_per_batch": 1e6 * hooks,
+                }
+            )
     return results, notes
 
 
@@ -184,18 +237,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     size = SIZES["quick" if args.quick else "tiny" if args.tiny else "full"]
 
-    dispatch = [dispatch_cost(count, style, size["fires"] * 10 // count, size["repeats"])
-                for count in (10, 50) for style in STYLES]
+    dispatch = [
+        dispatch_cost(count, style, size["fires"] * 10 // count, size["repeats"])
+        for count in (10, 50)
+        for style in STYLES
+    ]
     with tempfile.TemporaryDirectory(prefix="mxoid-micro-") as workdir:
         per_batch, notes = per_batch_costs(size, workdir)
     report = {"dispatch": dispatch, "per_batch": per_batch, "notes": notes}
     for entry in dispatch:
-        print(f"dispatch to {entry['extensions']:>2} {entry['style']:<28}: {entry['us_per_hook']:8.2f} "
-              f"us per hook, {entry['us_per_extension']:.3f} us per extension")
+        print(
+            f"dispatch to {entry['extensions']:>2} {entry['style']:<28}: {entry['us_per_hook']:8.2f} "
+            f"us per hook, {entry['us_per_extension']:.3f} us per extension"
+        )
     for entry in per_batch:
-        print(f"{entry['name']:<36} {entry['cell']}: {entry['batch_us']:8.1f} us/batch wall "
-              f"({entry['us_per_batch']:+.1f}), {entry['batch_cpu_us']:8.1f} us/batch CPU "
-              f"({entry['cpu_us_per_batch']:+.1f}); in its per-batch hooks {entry['hook_us_per_batch']:.1f} us")
+        print(
+            f"{entry['name']:<36} {entry['cell']}: {entry['batch_us']:8.1f} us/batch wall "
+            f"({entry['us_per_batch']:+.1f}), {entry['batch_cpu_us']:8.1f} us/batch CPU "
+            f"({entry['cpu_us_per_batch']:+.1f}); in its per-batch hooks {entry['hook_us_per_batch']:.1f} us"
+        )
     for note in notes:
         print(f"note: {note}")
     if args.json:

@@ -20,6 +20,7 @@ The exit status is 1 when a worker fails, a contender ends with non-finite
 parameters, or one that must match the hand-written loop does not; speed
 never changes it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,10 +43,24 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 DEFAULT_JSON = os.path.join(HERE, "results", "latest.json")
-ALL_CONTENDERS = ("hand", "hand_stock_updater", "module_fit_acc", "module_fit_nometric",
-                  "feedforward", "gluon", "mxoid_bare", "mxoid_everyday")
-EQUAL_TO_HAND = ("hand_stock_updater", "module_fit_acc", "module_fit_nometric", "feedforward",
-                 "mxoid_bare", "mxoid_everyday")  # as contenders.EQUAL_TO_HAND, without importing MXNet
+ALL_CONTENDERS = (
+    "hand",
+    "hand_stock_updater",
+    "module_fit_acc",
+    "module_fit_nometric",
+    "feedforward",
+    "gluon",
+    "mxoid_bare",
+    "mxoid_everyday",
+)
+EQUAL_TO_HAND = (
+    "hand_stock_updater",
+    "module_fit_acc",
+    "module_fit_nometric",
+    "feedforward",
+    "mxoid_bare",
+    "mxoid_everyday",
+)  # as contenders.EQUAL_TO_HAND, without importing MXNet
 LABELS = {
     "hand": "hand loop (floor)",
     "hand_stock_updater": "hand loop, stock updater",
@@ -56,17 +71,37 @@ LABELS = {
     "mxoid_bare": "mxoid bare",
     "mxoid_everyday": "mxoid everyday extensions",
 }
-ALL_CELLS = tuple((model, batch, contexts) for model in ("mlp", "lenet") for batch in (32, 128)
-                  for contexts in (1, 2))
+ALL_CELLS = tuple(
+    (model, batch, contexts)
+    for model in ("mlp", "lenet")
+    for batch in (32, 128)
+    for contexts in (1, 2)
+)
 MODES = {
-    "full": {"cells": ALL_CELLS, "samples": {"mlp": 16384, "lenet": 2048}, "timed_epochs": 5,
-             "contenders": ALL_CONTENDERS, "parallel": 1, "micro": []},
-    "quick": {"cells": (("mlp", 32, 1), ("mlp", 32, 2), ("lenet", 128, 2)),
-              "samples": {"mlp": 4096, "lenet": 512}, "timed_epochs": 3,
-              "contenders": tuple(c for c in ALL_CONTENDERS if c != "hand_stock_updater"),
-              "parallel": 1, "micro": ["--quick"]},
-    "check": {"cells": (("mlp", 32, 1), ("mlp", 32, 2)), "samples": {"mlp": 256, "lenet": 256},
-              "timed_epochs": 2, "contenders": ALL_CONTENDERS, "parallel": 2, "micro": ["--tiny"]},
+    "full": {
+        "cells": ALL_CELLS,
+        "samples": {"mlp": 16384, "lenet": 2048},
+        "timed_epochs": 5,
+        "contenders": ALL_CONTENDERS,
+        "parallel": 1,
+        "micro": [],
+    },
+    "quick": {
+        "cells": (("mlp", 32, 1), ("mlp", 32, 2), ("lenet", 128, 2)),
+        "samples": {"mlp": 4096, "lenet": 512},
+        "timed_epochs": 3,
+        "contenders": tuple(c for c in ALL_CONTENDERS if c != "hand_stock_updater"),
+        "parallel": 1,
+        "micro": ["--quick"],
+    },
+    "check": {
+        "cells": (("mlp", 32, 1), ("mlp", 32, 2)),
+        "samples": {"mlp": 256, "lenet": 256},
+        "timed_epochs": 2,
+        "contenders": ALL_CONTENDERS,
+        "parallel": 2,
+        "micro": ["--tiny"],
+    },
 }
 # Every worker gets these, whatever the parent's environment says; other MXNET_*
 # variables of the parent are passed on and recorded.
@@ -94,15 +129,29 @@ def machine_info(mxoid_root: str = ROOT) -> Dict[str, object]:
     except OSError:
         pass
     try:
-        commit = subprocess.run(["git", "-C", mxoid_root, "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True).stdout.strip()
-        dirty = bool(subprocess.run(["git", "-C", mxoid_root, "status", "--porcelain", "mxoid"],
-                                    capture_output=True, text=True).stdout.strip())
+        commit = subprocess.run(
+            ["git", "-C", mxoid_root, "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "-C", mxoid_root, "status", "--porcelain", "mxoid"],
+                capture_output=True,
+                text=True,
+            ).stdout.strip()
+        )
     except OSError:
         commit, dirty = "", False
-    return {"nproc": os.cpu_count(), "cpu": cpu, "platform": platform.platform(),
-            "python": platform.python_version(), "mxoid_path": mxoid_root, "mxoid_commit": commit,
-            "mxoid_uncommitted_changes": dirty}
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "mxoid_path": mxoid_root,
+        "mxoid_commit": commit,
+        "mxoid_uncommitted_changes": dirty,
+    }
 
 
 def _cpu_busy_seconds() -> float:
@@ -139,6 +188,7 @@ class Launcher:
         self.context = None
         if not spawn:
             import multiprocessing
+
             # The fork server inherits this environment: the thread settings are in
             # place before it imports MXNet (through contenders.py).
             os.environ.update(env)
@@ -154,9 +204,13 @@ class Launcher:
         if self.spawn:
             output = open(os.path.join(os.path.dirname(spec_path), "output.txt"), "w")
             process = subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "contenders.py"), spec_path], stdout=output,
-                stderr=subprocess.STDOUT, env=self.env, cwd=os.path.dirname(spec_path),
-                preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None)
+                [sys.executable, os.path.join(HERE, "contenders.py"), spec_path],
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=os.path.dirname(spec_path),
+                preexec_fn=(lambda: os.nice(self.nice)) if self.nice else None,
+            )
             output.close()
             return process
         paths = self.env["PYTHONPATH"].split(os.pathsep)
@@ -174,14 +228,17 @@ def _forked_worker(spec_path: str, nice: int, paths: List[str]) -> None:
     sys.path[:0] = paths  # multiprocessing gave the worker this script's sys.path
     if nice:
         os.nice(nice)
-    output = os.open(os.path.join(os.path.dirname(spec_path), "output.txt"),
-                     os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    output = os.open(
+        os.path.join(os.path.dirname(spec_path), "output.txt"),
+        os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+    )
     os.dup2(output, 1)
     os.dup2(output, 2)
     sys.stdout = open(1, "w", buffering=1, closefd=False)
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     os.chdir(os.path.dirname(spec_path))
     import contenders
+
     contenders.run_worker(spec_path)
 
 
@@ -199,8 +256,17 @@ class Job:
     (in a new folder); the attempt with the least disturbance is kept.
     """
 
-    def __init__(self, contender: str, model: str, batch: int, contexts: int, samples: int,
-                 epochs: int, root: str, repeat: int) -> None:
+    def __init__(
+        self,
+        contender: str,
+        model: str,
+        batch: int,
+        contexts: int,
+        samples: int,
+        epochs: int,
+        root: str,
+        repeat: int,
+    ) -> None:
         self.contender, self.model, self.batch, self.contexts = contender, model, batch, contexts
         self.samples, self.epochs, self.repeat = samples, epochs, repeat
         self.root = os.path.join(root, f"{model}-{batch}-{contexts}-{contender}-{repeat}")
@@ -224,9 +290,18 @@ class Job:
         os.makedirs(self.workdir)
         spec_path = os.path.join(self.workdir, "spec.json")
         with open(spec_path, "w") as f:
-            json.dump({"contender": self.contender, "model": self.model, "batch_size": self.batch,
-                       "contexts": self.contexts, "samples": self.samples, "epochs": self.epochs,
-                       "workdir": self.workdir}, f)
+            json.dump(
+                {
+                    "contender": self.contender,
+                    "model": self.model,
+                    "batch_size": self.batch,
+                    "contexts": self.contexts,
+                    "samples": self.samples,
+                    "epochs": self.epochs,
+                    "workdir": self.workdir,
+                },
+                f,
+            )
         self.busy_before = _cpu_busy_seconds()
         self.started = time.perf_counter()
         self.process = launcher.start(spec_path)
@@ -236,8 +311,13 @@ class Job:
         wall = time.perf_counter() - self.started
         busy = _cpu_busy_seconds() - self.busy_before
         code = _exit_code(self.process)
-        attempt = {"workdir": self.workdir, "wall": wall, "result": None, "error": None,
-                   "foreign_load": None}
+        attempt = {
+            "workdir": self.workdir,
+            "wall": wall,
+            "result": None,
+            "error": None,
+            "foreign_load": None,
+        }
         result_path = os.path.join(self.workdir, "result.json")
         if code != 0 or not os.path.exists(result_path):
             with open(os.path.join(self.workdir, "output.txt")) as f:
@@ -254,11 +334,16 @@ class Job:
         good = [a for a in self.attempts if a["result"] is not None]
         best = min(good, key=lambda a: a["foreign_load"] or 0.0) if good else attempt
         self.workdir, self.wall = best["workdir"], best["wall"]
-        self.result, self.error, self.foreign_load = best["result"], best["error"], best["foreign_load"]
+        self.result, self.error, self.foreign_load = (
+            best["result"],
+            best["error"],
+            best["foreign_load"],
+        )
 
     def disturbed(self, max_load: Optional[float]) -> bool:
-        return (max_load is not None and self.foreign_load is not None
-                and self.foreign_load > max_load)
+        return (
+            max_load is not None and self.foreign_load is not None and self.foreign_load > max_load
+        )
 
     def params(self) -> Dict[str, np.ndarray]:
         with np.load(os.path.join(self.workdir, "params.npz")) as data:
@@ -273,8 +358,15 @@ def worker_env(mxoid_root: str = ROOT) -> Dict[str, str]:
     return env
 
 
-def run_jobs(jobs: List[Job], parallel: int, launcher: Launcher, quiet: bool,
-             quiet_wait: float = 0.0, max_load: Optional[float] = None, retries: int = 0) -> None:
+def run_jobs(
+    jobs: List[Job],
+    parallel: int,
+    launcher: Launcher,
+    quiet: bool,
+    quiet_wait: float = 0.0,
+    max_load: Optional[float] = None,
+    retries: int = 0,
+) -> None:
     pending, running, done = list(jobs), [], 0
     try:
         while pending or running:
@@ -295,10 +387,13 @@ def run_jobs(jobs: List[Job], parallel: int, launcher: Launcher, quiet: bool,
                 job.finish(alone=parallel == 1)
                 again = job.disturbed(max_load) and len(job.attempts) <= retries
                 if not quiet:
-                    note = (f" -> again (attempt {len(job.attempts) + 1})" if again else "")
-                    print(f"[{done + 1:>2}/{len(jobs)}] {describe_cell(job.cell):<22} "
-                          f"{job.contender:<20} {_progress_summary(job.attempts[-1], job.samples)}"
-                          f"{note}", flush=True)
+                    note = f" -> again (attempt {len(job.attempts) + 1})" if again else ""
+                    print(
+                        f"[{done + 1:>2}/{len(jobs)}] {describe_cell(job.cell):<22} "
+                        f"{job.contender:<20} {_progress_summary(job.attempts[-1], job.samples)}"
+                        f"{note}",
+                        flush=True,
+                    )
                 if again:
                     pending.insert(0, job)
                 else:
@@ -327,9 +422,13 @@ def epoch_stats(job: Job) -> Dict[str, float]:
     stamps = job.result["epoch_stamps"]
     seconds = np.diff(stamps)[1:]  # stamps[0] is the start; the first epoch is the warm-up
     rates = job.samples / seconds
-    return {"median": float(np.median(rates)), "min": float(rates.min()),
-            "max": float(rates.max()), "q1": float(np.percentile(rates, 25)),
-            "q3": float(np.percentile(rates, 75))}
+    return {
+        "median": float(np.median(rates)),
+        "min": float(rates.min()),
+        "max": float(rates.max()),
+        "q1": float(np.percentile(rates, 25)),
+        "q3": float(np.percentile(rates, 75)),
+    }
 
 
 def pooled_rates(jobs: Sequence[Job]) -> np.ndarray:
@@ -361,40 +460,68 @@ def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
             if not group:
                 continue
             model, batch, contexts = cell
-            row = {"contender": name, "label": LABELS[name], "model": model, "batch_size": batch,
-                   "contexts": contexts, "samples_per_epoch": group[0].samples,
-                   "batches_per_epoch": -(-group[0].samples // batch),
-                   "timed_epochs": group[0].epochs - 1, "runs": len(group),
-                   "errors": [j.error for j in group if j.error]}
+            row = {
+                "contender": name,
+                "label": LABELS[name],
+                "model": model,
+                "batch_size": batch,
+                "contexts": contexts,
+                "samples_per_epoch": group[0].samples,
+                "batches_per_epoch": -(-group[0].samples // batch),
+                "timed_epochs": group[0].epochs - 1,
+                "runs": len(group),
+                "errors": [j.error for j in group if j.error],
+            }
             rows.append(row)
             if row["errors"]:
                 continue
             rates = pooled_rates(group)
             median = medians[name]
-            row.update({
-                "samples_per_second": {"median": median, "min": float(rates.min()),
-                                       "max": float(rates.max()),
-                                       "q1": float(np.percentile(rates, 25)),
-                                       "q3": float(np.percentile(rates, 75))},
-                "epoch_seconds": [list(np.diff(j.result["epoch_stamps"])[1:]) for j in group],
-                "cpu_us_per_batch": float(np.median(np.concatenate(
-                    [np.diff(j.result["epoch_cpu_stamps"])[1:] for j in group]))) * 1e6
+            row.update(
+                {
+                    "samples_per_second": {
+                        "median": median,
+                        "min": float(rates.min()),
+                        "max": float(rates.max()),
+                        "q1": float(np.percentile(rates, 25)),
+                        "q3": float(np.percentile(rates, 75)),
+                    },
+                    "epoch_seconds": [list(np.diff(j.result["epoch_stamps"])[1:]) for j in group],
+                    "cpu_us_per_batch": float(
+                        np.median(
+                            np.concatenate(
+                                [np.diff(j.result["epoch_cpu_stamps"])[1:] for j in group]
+                            )
+                        )
+                    )
+                    * 1e6
                     / -(-group[0].samples // batch),
-                "warmup_seconds": [float(np.diff(j.result["epoch_stamps"])[0]) for j in group],
-                "ratio_to_hand": median / medians["hand"] if "hand" in medians else None,
-                "ratio_to_module_fit": (median / medians["module_fit_acc"]
-                                        if "module_fit_acc" in medians else None),
-                "overhead_us_per_batch": (1e6 * batch * (1 / median - 1 / medians["hand"])
-                                          if "hand" in medians else None),
-                "peak_rss_mib": max(j.result["peak_rss_kib"] for j in group) / 1024,
-                "peak_over_start_mib": max(j.result["peak_rss_kib"] - j.result["rss_before_training_kib"]
-                                           for j in group) / 1024,
-                "other_load_cores": (max(j.foreign_load for j in group)
-                                     if all(j.foreign_load is not None for j in group) else None),
-                "waited_for_quiet_seconds": sum(j.waited for j in group),
-                "attempts": sum(len(j.attempts) for j in group),
-                "notes": sorted({n for j in group for n in j.result["notes"]}),
-            })
+                    "warmup_seconds": [float(np.diff(j.result["epoch_stamps"])[0]) for j in group],
+                    "ratio_to_hand": median / medians["hand"] if "hand" in medians else None,
+                    "ratio_to_module_fit": (
+                        median / medians["module_fit_acc"] if "module_fit_acc" in medians else None
+                    ),
+                    "overhead_us_per_batch": (
+                        1e6 * batch * (1 / median - 1 / medians["hand"])
+                        if "hand" in medians
+                        else None
+                    ),
+                    "peak_rss_mib": max(j.result["peak_rss_kib"] for j in group) / 1024,
+                    "peak_over_start_mib": max(
+                        j.result["peak_rss_kib"] - j.result["rss_before_training_kib"]
+                        for j in group
+                    )
+                    / 1024,
+                    "other_load_cores": (
+                        max(j.foreign_load for j in group)
+                        if all(j.foreign_load is not None for j in group)
+                        else None
+                    ),
+                    "waited_for_quiet_seconds": sum(j.waited for j in group),
+                    "attempts": sum(len(j.attempts) for j in group),
+                    "notes": sorted({n for j in group for n in j.result["notes"]}),
+                }
+            )
             finite = all(j.result["finite"] for j in group)
             row["finite"] = finite
             row["expected_equal_to_hand"] = name in EQUAL_TO_HAND
@@ -406,10 +533,13 @@ def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
                         diffs.append(float("inf"))
                         equal = False
                         continue
-                    diffs.append(max(float(np.abs(params[k] - hand_params[k]).max())
-                                     for k in hand_params))
-                    equal = equal and all(np.allclose(params[k], hand_params[k], rtol=RTOL, atol=ATOL)
-                                          for k in hand_params)
+                    diffs.append(
+                        max(float(np.abs(params[k] - hand_params[k]).max()) for k in hand_params)
+                    )
+                    equal = equal and all(
+                        np.allclose(params[k], hand_params[k], rtol=RTOL, atol=ATOL)
+                        for k in hand_params
+                    )
                 row["max_abs_diff_to_hand"] = max(diffs)
                 row["equal_to_hand"] = equal
     return rows
@@ -424,69 +554,108 @@ def correctness(rows: List[dict]) -> dict:
         elif not row["finite"]:
             failures.append(f"{where}: non-finite parameters")
         elif row["expected_equal_to_hand"] and row.get("equal_to_hand") is False:
-            failures.append(f"{where}: parameters differ from the hand loop's "
-                            f"(max |diff| {row['max_abs_diff_to_hand']:.3g}, "
-                            f"rtol {RTOL}, atol {ATOL})")
+            failures.append(
+                f"{where}: parameters differ from the hand loop's "
+                f"(max |diff| {row['max_abs_diff_to_hand']:.3g}, "
+                f"rtol {RTOL}, atol {ATOL})"
+            )
         elif row["expected_equal_to_hand"] and "equal_to_hand" not in row:
             failures.append(f"{where}: no hand-loop result to compare with")
-    return {"ok": not failures, "failures": failures, "rtol": RTOL, "atol": ATOL,
-            "equal_to_hand_expected_for": list(EQUAL_TO_HAND)}
+    return {
+        "ok": not failures,
+        "failures": failures,
+        "rtol": RTOL,
+        "atol": ATOL,
+        "equal_to_hand_expected_for": list(EQUAL_TO_HAND),
+    }
 
 
 def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
     """The speed and memory targets of issue 6, for the cells this run has."""
-    index = {(r["contender"], r["model"], r["batch_size"], r["contexts"]): r
-             for r in rows if "samples_per_second" in r}
+    index = {
+        (r["contender"], r["model"], r["batch_size"], r["contexts"]): r
+        for r in rows
+        if "samples_per_second" in r
+    }
     found = []
 
     def ratio(contender, cell):
         row = index.get((contender,) + cell)
         return None if row is None else row["ratio_to_hand"]
 
-    for contender, cell, target in (("mxoid_everyday", ("mlp", 32, 1), 0.90),
-                                    ("mxoid_everyday", ("mlp", 32, 2), 0.90),
-                                    ("mxoid_everyday", ("lenet", 128, 2), 0.98),
-                                    ("mxoid_bare", ("lenet", 128, 2), 0.98)):
+    for contender, cell, target in (
+        ("mxoid_everyday", ("mlp", 32, 1), 0.90),
+        ("mxoid_everyday", ("mlp", 32, 2), 0.90),
+        ("mxoid_everyday", ("lenet", 128, 2), 0.98),
+        ("mxoid_bare", ("lenet", 128, 2), 0.98),
+    ):
         value = ratio(contender, cell)
         if value is not None:
-            found.append({"target": f"{LABELS[contender]}, {describe_cell(cell)}: >= {target:.0%} of hand",
-                          "measured": value, "limit": target, "met": value >= target})
+            found.append(
+                {
+                    "target": f"{LABELS[contender]}, {describe_cell(cell)}: >= {target:.0%} of hand",
+                    "measured": value,
+                    "limit": target,
+                    "met": value >= target,
+                }
+            )
     for (contender, *cell), row in sorted(index.items()):
         if contender == "mxoid_bare":
-            found.append({"target": f"mxoid bare, {describe_cell(tuple(cell))}: >= 95% of hand",
-                          "measured": row["ratio_to_hand"], "limit": 0.95,
-                          "met": row["ratio_to_hand"] >= 0.95})
+            found.append(
+                {
+                    "target": f"mxoid bare, {describe_cell(tuple(cell))}: >= 95% of hand",
+                    "measured": row["ratio_to_hand"],
+                    "limit": 0.95,
+                    "met": row["ratio_to_hand"] >= 0.95,
+                }
+            )
     for (contender, *cell), row in sorted(index.items()):
         module = index.get(("module_fit_acc",) + tuple(cell))
         if contender.startswith("mxoid") and module is not None:
             limit = module["peak_rss_mib"] * 1.10
-            found.append({"target": f"{LABELS[contender]}, {describe_cell(tuple(cell))}: peak memory "
-                                    f"<= Module.fit's + 10% ({limit:.0f} MiB)",
-                          "measured": row["peak_rss_mib"], "limit": limit,
-                          "met": row["peak_rss_mib"] <= limit})
+            found.append(
+                {
+                    "target": f"{LABELS[contender]}, {describe_cell(tuple(cell))}: peak memory "
+                    f"<= Module.fit's + 10% ({limit:.0f} MiB)",
+                    "measured": row["peak_rss_mib"],
+                    "limit": limit,
+                    "met": row["peak_rss_mib"] <= limit,
+                }
+            )
     if micro and "dispatch" in micro:
         for entry in micro["dispatch"]:
-            found.append({"target": f"hook dispatch, {entry['extensions']} {entry['style']} "
-                                    "extensions: <= 2 us per extension per hook",
-                          "measured": entry["us_per_extension"], "limit": 2.0,
-                          "met": entry["us_per_extension"] <= 2.0})
+            found.append(
+                {
+                    "target": f"hook dispatch, {entry['extensions']} {entry['style']} "
+                    "extensions: <= 2 us per extension per hook",
+                    "measured": entry["us_per_extension"],
+                    "limit": 2.0,
+                    "met": entry["us_per_extension"] <= 2.0,
+                }
+            )
     return found
 
 
 # ------------------------------------------------------------------- output
 def format_table(rows: List[dict], mode: str) -> str:
     lines = []
-    header = (f"{'contender':<27}{'samples/s':>10}{'min-max':>17}{'x hand':>8}{'x Module':>9}"
-              f"{'us/batch':>10}{'CPU us/b':>9}{'peak MiB':>9}{'+MiB':>6}{'params':>8}{'load':>6}")
+    header = (
+        f"{'contender':<27}{'samples/s':>10}{'min-max':>17}{'x hand':>8}{'x Module':>9}"
+        f"{'us/batch':>10}{'CPU us/b':>9}{'peak MiB':>9}{'+MiB':>6}{'params':>8}{'load':>6}"
+    )
     cell = None
     for row in rows:
         this = (row["model"], row["batch_size"], row["contexts"])
         if this != cell:
             cell = this
-            lines += ["", f"{describe_cell(cell)}: {row['samples_per_epoch']} samples/epoch, "
-                          f"{row['batches_per_epoch']} batches, warm-up + {row['timed_epochs']} "
-                          f"timed epochs" + (f", {row['runs']} runs pooled" if row["runs"] > 1 else ""),
-                      header, "-" * len(header)]
+            lines += [
+                "",
+                f"{describe_cell(cell)}: {row['samples_per_epoch']} samples/epoch, "
+                f"{row['batches_per_epoch']} batches, warm-up + {row['timed_epochs']} "
+                f"timed epochs" + (f", {row['runs']} runs pooled" if row["runs"] > 1 else ""),
+                header,
+                "-" * len(header),
+            ]
         if row["errors"]:
             lines.append(f"{row['label']:<27}  FAILED: {row['errors'][0].splitlines()[0]}")
             continue
@@ -505,30 +674,41 @@ def format_table(rows: List[dict], mode: str) -> str:
         elif row["equal_to_hand"]:
             params = "equal"
         else:
-            params = "DIFF" if row["expected_equal_to_hand"] else f"{row['max_abs_diff_to_hand']:.0e}"
+            params = (
+                "DIFF" if row["expected_equal_to_hand"] else f"{row['max_abs_diff_to_hand']:.0e}"
+            )
         load = number(row["other_load_cores"], ".2f")
-        lines.append(f"{row['label']:<27}{sps['median']:>10,.0f}{spread:>17}"
-                     f"{number(row['ratio_to_hand'], '.2f'):>8}{number(row['ratio_to_module_fit'], '.2f'):>9}"
-                     f"{number(row['overhead_us_per_batch'], '+.0f'):>10}{row['cpu_us_per_batch']:>9.0f}"
-                     f"{row['peak_rss_mib']:>9.0f}"
-                     f"{row['peak_over_start_mib']:>6.0f}{params:>8}{load:>6}")
+        lines.append(
+            f"{row['label']:<27}{sps['median']:>10,.0f}{spread:>17}"
+            f"{number(row['ratio_to_hand'], '.2f'):>8}{number(row['ratio_to_module_fit'], '.2f'):>9}"
+            f"{number(row['overhead_us_per_batch'], '+.0f'):>10}{row['cpu_us_per_batch']:>9.0f}"
+            f"{row['peak_rss_mib']:>9.0f}"
+            f"{row['peak_over_start_mib']:>6.0f}{params:>8}{load:>6}"
+        )
     notes = sorted({n for row in rows for n in row.get("notes", ())})
     if notes:
         lines += ["", "Notes from the workers:"] + [f"  - {n}" for n in notes]
     if mode == "check":
-        lines += ["", "(--check runs two workers at once on tiny epochs: the speed columns mean nothing)"]
+        lines += [
+            "",
+            "(--check runs two workers at once on tiny epochs: the speed columns mean nothing)",
+        ]
     return "\n".join(lines)
 
 
 def format_micro(micro: dict) -> str:
     lines = ["", "Micro-benchmark (benchmarks/micro.py)"]
     for entry in micro.get("dispatch", ()):
-        lines.append(f"  dispatch one hook to {entry['extensions']:>2} {entry['style']:<26} extensions: "
-                     f"{entry['us_per_hook']:7.2f} us per hook, {entry['us_per_extension']:.3f} us per extension")
+        lines.append(
+            f"  dispatch one hook to {entry['extensions']:>2} {entry['style']:<26} extensions: "
+            f"{entry['us_per_hook']:7.2f} us per hook, {entry['us_per_extension']:.3f} us per extension"
+        )
     for entry in micro.get("per_batch", ()):
-        lines.append(f"  {entry['cell']} {entry['name']:<34} {entry['us_per_batch']:+8.1f} us/batch wall, "
-                     f"{entry['cpu_us_per_batch']:+8.1f} CPU; {entry['hook_us_per_batch']:6.1f} us in "
-                     "its per-batch hooks")
+        lines.append(
+            f"  {entry['cell']} {entry['name']:<34} {entry['us_per_batch']:+8.1f} us/batch wall, "
+            f"{entry['cpu_us_per_batch']:+8.1f} CPU; {entry['hook_us_per_batch']:6.1f} us in "
+            "its per-batch hooks"
+        )
     for note in micro.get("notes", ()):
         lines.append(f"  note: {note}")
     return "\n".join(lines)
@@ -537,14 +717,16 @@ def format_micro(micro: dict) -> str:
 def format_markdown(report: dict) -> str:
     """The report as Markdown: machine, command, one table of every cell, targets."""
     machine = report["machine"]
-    lines = [f"Run of {report['date']}: `python {report['command']}` ({report['seconds'] / 60:.0f} min), "
-             f"{machine['nproc']} CPUs ({machine['cpu']}), Python {machine['python']}, MXNet "
-             f"{report['mxnet']}, mxoid {machine['mxoid_commit']}"
-             f"{' with uncommitted changes' if machine['mxoid_uncommitted_changes'] else ''}.",
-             "",
-             "| cell | contender | samples/s | min-max | x hand | x Module | us/batch | CPU us/b "
-             "| peak MiB | +MiB | params | load |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        f"Run of {report['date']}: `python {report['command']}` ({report['seconds'] / 60:.0f} min), "
+        f"{machine['nproc']} CPUs ({machine['cpu']}), Python {machine['python']}, MXNet "
+        f"{report['mxnet']}, mxoid {machine['mxoid_commit']}"
+        f"{' with uncommitted changes' if machine['mxoid_uncommitted_changes'] else ''}.",
+        "",
+        "| cell | contender | samples/s | min-max | x hand | x Module | us/batch | CPU us/b "
+        "| peak MiB | +MiB | params | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for row in report["results"]:
         cell = describe_cell((row["model"], row["batch_size"], row["contexts"]))
         if row["errors"]:
@@ -555,26 +737,43 @@ def format_markdown(report: dict) -> str:
         def number(value, fmt):
             return "-" if value is None else format(value, fmt)
 
-        params = ("ref" if row["contender"] == "hand" else "equal" if row.get("equal_to_hand")
-                  else f"{row.get('max_abs_diff_to_hand', float('nan')):.0e}")
-        lines.append(f"| {cell} | {row['label']} | {sps['median']:,.0f} | {sps['min']:,.0f}-{sps['max']:,.0f} "
-                     f"| {number(row['ratio_to_hand'], '.2f')} | {number(row['ratio_to_module_fit'], '.2f')} "
-                     f"| {number(row['overhead_us_per_batch'], '+.0f')} | {row['cpu_us_per_batch']:,.0f} "
-                     f"| {row['peak_rss_mib']:.0f} | {row['peak_over_start_mib']:.0f} | {params} "
-                     f"| {number(row['other_load_cores'], '.2f')} |")
+        params = (
+            "ref"
+            if row["contender"] == "hand"
+            else "equal"
+            if row.get("equal_to_hand")
+            else f"{row.get('max_abs_diff_to_hand', float('nan')):.0e}"
+        )
+        lines.append(
+            f"| {cell} | {row['label']} | {sps['median']:,.0f} | {sps['min']:,.0f}-{sps['max']:,.0f} "
+            f"| {number(row['ratio_to_hand'], '.2f')} | {number(row['ratio_to_module_fit'], '.2f')} "
+            f"| {number(row['overhead_us_per_batch'], '+.0f')} | {row['cpu_us_per_batch']:,.0f} "
+            f"| {row['peak_rss_mib']:.0f} | {row['peak_over_start_mib']:.0f} | {params} "
+            f"| {number(row['other_load_cores'], '.2f')} |"
+        )
     micro = report.get("micro") or {}
     if micro.get("per_batch"):
-        lines += ["", "| micro: per-batch cost | wall us/batch | CPU us/batch | host us in its per-batch hooks |",
-                  "|---|---:|---:|---:|"]
+        lines += [
+            "",
+            "| micro: per-batch cost | wall us/batch | CPU us/batch | host us in its per-batch hooks |",
+            "|---|---:|---:|---:|",
+        ]
         for entry in micro["per_batch"]:
-            lines.append(f"| {entry['cell']} {entry['name']} | {entry['us_per_batch']:+.0f} "
-                         f"| {entry['cpu_us_per_batch']:+.0f} | {entry['hook_us_per_batch']:.0f} |")
+            lines.append(
+                f"| {entry['cell']} {entry['name']} | {entry['us_per_batch']:+.0f} "
+                f"| {entry['cpu_us_per_batch']:+.0f} | {entry['hook_us_per_batch']:.0f} |"
+            )
     if report["targets"]:
         lines += ["", "| target | measured | met |", "|---|---:|---|"]
         for entry in report["targets"]:
             measured = entry["measured"]
-            text = (f"{measured:.0f} MiB" if "MiB" in entry["target"] else
-                    f"{measured:.2f} us" if "us per" in entry["target"] else f"{measured:.1%}")
+            text = (
+                f"{measured:.0f} MiB"
+                if "MiB" in entry["target"]
+                else f"{measured:.2f} us"
+                if "us per" in entry["target"]
+                else f"{measured:.1%}"
+            )
             lines.append(f"| {entry['target']} | {text} | {'yes' if entry['met'] else '**no**'} |")
     return "\n".join(lines) + "\n"
 
@@ -594,12 +793,19 @@ def format_targets(found: List[dict]) -> str:
 
 def run_micro(args: List[str], env: Dict[str, str], root: str, nice: int = 0) -> Optional[dict]:
     path = os.path.join(root, "micro.json")
-    completed = subprocess.run([sys.executable, os.path.join(HERE, "micro.py"), "--json", path, *args],
-                               env=env, capture_output=True, text=True,
-                               preexec_fn=(lambda: os.nice(nice)) if nice else None)
+    completed = subprocess.run(
+        [sys.executable, os.path.join(HERE, "micro.py"), "--json", path, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        preexec_fn=(lambda: os.nice(nice)) if nice else None,
+    )
     if completed.returncode != 0 or not os.path.exists(path):
-        print(f"micro.py failed with status {completed.returncode}:\n{completed.stdout[-2000:]}"
-              f"{completed.stderr[-2000:]}", file=sys.stderr)
+        print(
+            f"micro.py failed with status {completed.returncode}:\n{completed.stdout[-2000:]}"
+            f"{completed.stderr[-2000:]}",
+            file=sys.stderr,
+        )
         return None
     with open(path) as f:
         return json.load(f)
@@ -621,38 +827,82 @@ def _interrupt(signum, frame):
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--quick", action="store_true", help="the target cells, short epochs (< 2 min)")
-    group.add_argument("--check", action="store_true",
-                       help="correctness only: tiny epochs, every contender, two workers at once")
-    parser.add_argument("--json", default=None,
-                        help=f"where to write the results (default {os.path.relpath(DEFAULT_JSON)})")
-    parser.add_argument("--markdown", metavar="PATH",
-                        help="also write the table and targets as Markdown (for the README)")
-    parser.add_argument("--report", metavar="JSON",
-                        help="run nothing: print the Markdown of a results file (to --markdown or stdout)")
+    group.add_argument(
+        "--quick", action="store_true", help="the target cells, short epochs (< 2 min)"
+    )
+    group.add_argument(
+        "--check",
+        action="store_true",
+        help="correctness only: tiny epochs, every contender, two workers at once",
+    )
+    parser.add_argument(
+        "--json",
+        default=None,
+        help=f"where to write the results (default {os.path.relpath(DEFAULT_JSON)})",
+    )
+    parser.add_argument(
+        "--markdown",
+        metavar="PATH",
+        help="also write the table and targets as Markdown (for the README)",
+    )
+    parser.add_argument(
+        "--report",
+        metavar="JSON",
+        help="run nothing: print the Markdown of a results file (to --markdown or stdout)",
+    )
     parser.add_argument("--contenders", help="comma-separated subset, e.g. hand,mxoid_bare")
-    parser.add_argument("--cells", help="comma-separated model-batch-contexts, e.g. mlp-32-1,lenet-128-2")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="run every worker this many times, interleaved, and pool the epochs")
+    parser.add_argument(
+        "--cells", help="comma-separated model-batch-contexts, e.g. mlp-32-1,lenet-128-2"
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run every worker this many times, interleaved, and pool the epochs",
+    )
     parser.add_argument("--timed-epochs", type=int, help="timed epochs after the warm-up")
     parser.add_argument("--samples", type=int, help="samples per epoch, for every model")
-    parser.add_argument("--wait-quiet", type=float, default=0.0, metavar="SECONDS",
-                        help="before each worker, wait (at most SECONDS) until other processes "
-                             "use less than a quarter of a core")
-    parser.add_argument("--max-load", type=float, metavar="CORES",
-                        help="run a worker again when other processes used more than CORES "
-                             "cores during its run (see --retries); the least disturbed run is kept")
-    parser.add_argument("--retries", type=int, default=2,
-                        help="with --max-load: at most this many runs more per worker (default 2)")
-    parser.add_argument("--spawn", action="store_true",
-                        help="start every worker as a fresh interpreter instead of forking it "
-                             "from a server that has imported MXNet (slower by ~3 s a worker)")
-    parser.add_argument("--nice", type=int, default=0,
-                        help="run the workers at this niceness (negative, as root: ahead of "
-                             "other processes on a shared machine)")
-    parser.add_argument("--mxoid", default=ROOT, metavar="PATH",
-                        help="the folder holding the mxoid package the workers import "
-                             "(default: this checkout), e.g. a git worktree of another commit")
+    parser.add_argument(
+        "--wait-quiet",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each worker, wait (at most SECONDS) until other processes "
+        "use less than a quarter of a core",
+    )
+    parser.add_argument(
+        "--max-load",
+        type=float,
+        metavar="CORES",
+        help="run a worker again when other processes used more than CORES "
+        "cores during its run (see --retries); the least disturbed run is kept",
+    )
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="with --max-load: at most this many runs more per worker (default 2)",
+    )
+    parser.add_argument(
+        "--spawn",
+        action="store_true",
+        help="start every worker as a fresh interpreter instead of forking it "
+        "from a server that has imported MXNet (slower by ~3 s a worker)",
+    )
+    parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="run the workers at this niceness (negative, as root: ahead of "
+        "other processes on a shared machine)",
+    )
+    parser.add_argument(
+        "--mxoid",
+        default=ROOT,
+        metavar="PATH",
+        help="the folder holding the mxoid package the workers import "
+        "(default: this checkout), e.g. a git worktree of another commit",
+    )
     parser.add_argument("--no-micro", action="store_true", help="skip the micro-benchmark")
     parser.add_argument("--keep", action="store_true", help="keep the workers' folders")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -688,28 +938,48 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     env = worker_env(mxoid_root)
     machine = machine_info(mxoid_root)
     launcher = Launcher(env, args.nice, args.spawn)
-    print(f"mxoid benchmark, mode {mode}: {machine['nproc']} CPUs ({machine['cpu']}), "
-          f"Python {machine['python']}, mxoid {machine['mxoid_commit']}"
-          f"{' + uncommitted changes' if machine['mxoid_uncommitted_changes'] else ''}", flush=True)
+    print(
+        f"mxoid benchmark, mode {mode}: {machine['nproc']} CPUs ({machine['cpu']}), "
+        f"Python {machine['python']}, mxoid {machine['mxoid_commit']}"
+        f"{' + uncommitted changes' if machine['mxoid_uncommitted_changes'] else ''}",
+        flush=True,
+    )
 
     signal.signal(signal.SIGTERM, _interrupt)
     root = tempfile.mkdtemp(prefix="mxoid-bench-")
     started = time.perf_counter()
     try:
-        jobs = [Job(contender, model, batch, contexts, samples[model], 1 + timed, root, r)
-                for r in range(args.repeat) for (model, batch, contexts) in cells
-                for contender in contenders]
-        run_jobs(jobs, config["parallel"], launcher, args.quiet, args.wait_quiet,
-                 args.max_load, args.retries)
+        jobs = [
+            Job(contender, model, batch, contexts, samples[model], 1 + timed, root, r)
+            for r in range(args.repeat)
+            for (model, batch, contexts) in cells
+            for contender in contenders
+        ]
+        run_jobs(
+            jobs,
+            config["parallel"],
+            launcher,
+            args.quiet,
+            args.wait_quiet,
+            args.max_load,
+            args.retries,
+        )
         jobs.sort(key=lambda j: (cells.index(j.cell), contenders.index(j.contender), j.repeat))
         rows = analyse(jobs, contenders)
         check = correctness(rows)
         micro = None if args.no_micro else run_micro(config["micro"], env, root, args.nice)
         found = targets(rows, micro)
         print(format_table(rows, mode))
-        print("\nCorrectness: " + ("every contender finite; every contender that computes the same "
-                                   "thing as the hand loop ends with its parameters "
-                                   f"(rtol {RTOL}, atol {ATOL})" if check["ok"] else "FAILED"))
+        print(
+            "\nCorrectness: "
+            + (
+                "every contender finite; every contender that computes the same "
+                "thing as the hand loop ends with its parameters "
+                f"(rtol {RTOL}, atol {ATOL})"
+                if check["ok"]
+                else "FAILED"
+            )
+        )
         for failure in check["failures"]:
             print(f"  - {failure}")
         if micro:
@@ -719,17 +989,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elapsed = time.perf_counter() - started
         print(f"\n{len(jobs)} workers in {elapsed:.0f} s")
         report = {
-            "mode": mode, "command": " ".join([os.path.relpath(__file__, ROOT)] + list(argv or sys.argv[1:])),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": elapsed, "machine": machine,
-            "worker_env": {k: v for k, v in env.items()
-                           if k in WORKER_ENV or k.startswith(("MXNET_", "OMP_", "KMP_"))},
-            "settings": {"cells": [list(c) for c in cells], "samples_per_epoch": samples,
-                         "timed_epochs": timed, "warmup_epochs": 1, "repeat": args.repeat,
-                         "parallel_workers": config["parallel"], "wait_quiet": args.wait_quiet, "nice": args.nice,
-                         "max_load": args.max_load, "retries": args.retries,
-                         "workers": "fresh interpreters" if args.spawn else "forked from a fork server"},
+            "mode": mode,
+            "command": " ".join([os.path.relpath(__file__, ROOT)] + list(argv or sys.argv[1:])),
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "seconds": elapsed,
+            "machine": machine,
+            "worker_env": {
+                k: v
+                for k, v in env.items()
+                if k in WORKER_ENV or k.startswith(("MXNET_", "OMP_", "KMP_"))
+            },
+            "settings": {
+                "cells": [list(c) for c in cells],
+                "samples_per_epoch": samples,
+                "timed_epochs": timed,
+                "warmup_epochs": 1,
+                "repeat": args.repeat,
+                "parallel_workers": config["parallel"],
+                "wait_quiet": args.wait_quiet,
+                "nice": args.nice,
+                "max_load": args.max_load,
+                "retries": args.retries,
+                "workers": "fresh interpreters" if args.spawn else "forked from a fork server",
+            },
             "mxnet": next((j.result["mxnet"] for j in jobs if j.result), None),
-            "results": rows, "correctness": check, "targets": found if mode != "check" else [],
+            "results": rows,
+            "correctness": check,
+            "targets": found if mode != "check" else [],
             "micro": micro,
         }
         path = args.json or DEFAULT_JSON

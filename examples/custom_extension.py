@@ -14,6 +14,7 @@ to the constructor plus :meth:`do`, and overridden hooks for the file::
 
 Uses scikit-learn's bundled digits (``pip install -e '.[examples]'``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -94,8 +95,13 @@ class GradientNorms(Extension):
         row = loop.log.current_row
         for name, norm in zip(loop.manager.param_names, norms):
             row[f"grad_norm_{name}"] = norm
-        self.writer.writerow([loop.status.iterations_done, loop.status.epochs_done,
-                              *(f"{norm:.6g}" for norm in norms)])
+        self.writer.writerow(
+            [
+                loop.status.iterations_done,
+                loop.status.epochs_done,
+                *(f"{norm:.6g}" for norm in norms),
+            ]
+        )
         self.file.flush()
 
     def gradient_norms(self) -> List[float]:
@@ -117,12 +123,15 @@ class GradientNorms(Extension):
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    common.add_common_arguments(parser, epochs=5, batch_size=32, learning_rate=0.05,
-                                output_dir="runs/custom_extension")
-    parser.add_argument("--every", type=int, default=10,
-                        help="measure the gradient norms every this many batches")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    common.add_common_arguments(
+        parser, epochs=5, batch_size=32, learning_rate=0.05, output_dir="runs/custom_extension"
+    )
+    parser.add_argument(
+        "--every", type=int, default=10, help="measure the gradient norms every this many batches"
+    )
     return parser.parse_args(argv)
 
 
@@ -134,20 +143,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     norms_path = os.path.join(args.output_dir, "grad_norms.csv")
     if os.path.exists(norms_path):
         os.remove(norms_path)
-    loop = MainLoop(common.mlp(hidden=(64,)), common.iterator(splits["train"], args.batch_size,
-                                                              shuffle=True),
-                    contexts=args.contexts, optimizer="sgd",
-                    optimizer_params={"learning_rate": args.learning_rate, "momentum": 0.9},
-                    initializer=mx.init.Xavier(),
-                    extensions=[FinishAfter(after_n_epochs=args.epochs),
-                                TrainingMonitoring("acc"),
-                                GradientNorms(norms_path, every_n_batches=args.every),
-                                JSONLinesLog(paths["log"]),
-                                Printing()])
+    loop = MainLoop(
+        common.mlp(hidden=(64,)),
+        common.iterator(splits["train"], args.batch_size, shuffle=True),
+        contexts=args.contexts,
+        optimizer="sgd",
+        optimizer_params={"learning_rate": args.learning_rate, "momentum": 0.9},
+        initializer=mx.init.Xavier(),
+        extensions=[
+            FinishAfter(after_n_epochs=args.epochs),
+            TrainingMonitoring("acc"),
+            GradientNorms(norms_path, every_n_batches=args.every),
+            JSONLinesLog(paths["log"]),
+            Printing(),
+        ],
+    )
     loop.run()
     names = loop.manager.param_names
-    print("newest gradient norms: " + ", ".join(
-        f"{name} {loop.log.last(f'grad_norm_{name}'):.4g}" for name in names))
+    print(
+        "newest gradient norms: "
+        + ", ".join(f"{name} {loop.log.last(f'grad_norm_{name}'):.4g}" for name in names)
+    )
     print(f"gradient norms: {norms_path}; log: {paths['log']}")
     return 0
 

@@ -15,6 +15,7 @@ the progress bar, checkpoints and the JSON-lines log run on rank 0 only.
 
 Uses scikit-learn's bundled digits (``pip install -e '.[examples]'``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,13 +29,16 @@ import train_digits
 
 from mxoid import shard
 
-NOT_LAUNCHED = ("this script is a worker of a distributed job: run it with the launcher, e.g.\n"
-                "  mxoid launch -n 2 -- python {script}")
+NOT_LAUNCHED = (
+    "this script is a worker of a distributed job: run it with the launcher, e.g.\n"
+    "  mxoid launch -n 2 -- python {script}"
+)
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     train_digits.add_arguments(parser)
     parser.add_argument("--kvstore", choices=("dist_sync", "dist_async"), default="dist_sync")
     parser.set_defaults(output_dir="runs/distributed")
@@ -51,15 +55,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     splits = common.digits_splits(seed=args.seed)
     # Rank 0 writes the log and checkpoints; it alone clears the previous run's.
     paths = common.fresh_output(args.output_dir, resume=kv.rank != 0)
-    train = shard(*splits["train"], kvstore=kv, batch_size=args.batch_size, shuffle=True,
-                  label_name="softmax_label")
-    evaluation = {name: shard(*splits[name], kvstore=kv, batch_size=50,
-                              label_name="softmax_label") for name in ("valid", "test")}
+    train = shard(
+        *splits["train"],
+        kvstore=kv,
+        batch_size=args.batch_size,
+        shuffle=True,
+        label_name="softmax_label",
+    )
+    evaluation = {
+        name: shard(*splits[name], kvstore=kv, batch_size=50, label_name="softmax_label")
+        for name in ("valid", "test")
+    }
     loop = train_digits.build_loop(args, train, evaluation, paths, kvstore=kv)
     loop.run()
-    print(f"worker {kv.rank} of {kv.num_workers}: test accuracy "
-          f"{loop.log.last('test_accuracy'):.4f} after {loop.status.epochs_done} epochs",
-          flush=True)
+    print(
+        f"worker {kv.rank} of {kv.num_workers}: test accuracy "
+        f"{loop.log.last('test_accuracy'):.4f} after {loop.status.epochs_done} epochs",
+        flush=True,
+    )
     return 0
 
 

@@ -14,6 +14,7 @@ batch). Records are named ``<iterator>_<output>_<metric>``, e.g.
 
 Uses scikit-learn's bundled digits (``pip install -e '.[examples]'``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,29 +34,38 @@ METRICS = {"softmax": ["acc", "ce"], "intensity": ["mse", "mae"]}
 def two_heads(num_hidden: int = 64, num_classes: int = 10) -> mx.sym.Symbol:
     """A shared ReLU layer, then a softmax head and a linear-regression head."""
     data = mx.sym.Flatten(mx.sym.Variable("data"))
-    hidden = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=num_hidden, name="fc1"),
-                               act_type="relu", name="relu1")
+    hidden = mx.sym.Activation(
+        mx.sym.FullyConnected(data, num_hidden=num_hidden, name="fc1"),
+        act_type="relu",
+        name="relu1",
+    )
     digit = mx.sym.SoftmaxOutput(
-        mx.sym.FullyConnected(hidden, num_hidden=num_classes, name="class_fc"), name="softmax")
+        mx.sym.FullyConnected(hidden, num_hidden=num_classes, name="class_fc"), name="softmax"
+    )
     intensity = mx.sym.LinearRegressionOutput(
-        mx.sym.FullyConnected(hidden, num_hidden=1, name="intensity_fc"), name="intensity")
+        mx.sym.FullyConnected(hidden, num_hidden=1, name="intensity_fc"), name="intensity"
+    )
     return mx.sym.Group([digit, intensity])
 
 
-def two_label_iterator(images: np.ndarray, digits: np.ndarray, batch_size: int,
-                       shuffle: bool = False) -> mx.io.NDArrayIter:
+def two_label_iterator(
+    images: np.ndarray, digits: np.ndarray, batch_size: int, shuffle: bool = False
+) -> mx.io.NDArrayIter:
     """Labels named after the outputs: 'softmax_label' (the digit), 'intensity_label'."""
     intensity = images.reshape(len(images), -1).mean(axis=1, keepdims=True)
     labels: Dict[str, np.ndarray] = {"softmax_label": digits, "intensity_label": intensity}
-    return mx.io.NDArrayIter(images, labels, batch_size=batch_size, shuffle=shuffle,
-                             last_batch_handle="pad")
+    return mx.io.NDArrayIter(
+        images, labels, batch_size=batch_size, shuffle=shuffle, last_batch_handle="pad"
+    )
 
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    common.add_common_arguments(parser, epochs=15, batch_size=32, learning_rate=0.05,
-                                output_dir="runs/multi_output")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    common.add_common_arguments(
+        parser, epochs=15, batch_size=32, learning_rate=0.05, output_dir="runs/multi_output"
+    )
     return parser.parse_args(argv)
 
 
@@ -65,16 +75,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     splits = common.digits_splits(seed=args.seed)
     paths = common.fresh_output(args.output_dir, resume=False)
     train = two_label_iterator(*splits["train"], batch_size=args.batch_size, shuffle=True)
-    evaluation = {"valid": two_label_iterator(*splits["valid"], batch_size=64),
-                  "test": two_label_iterator(*splits["test"], batch_size=100)}
-    loop = MainLoop(two_heads(), train, contexts=args.contexts, optimizer="sgd",
-                    optimizer_params={"learning_rate": args.learning_rate, "momentum": 0.9},
-                    initializer=mx.init.Xavier(),
-                    extensions=[FinishAfter(after_n_epochs=args.epochs),
-                                TrainingMonitoring(METRICS),
-                                Evaluate(evaluation, metrics=METRICS),
-                                JSONLinesLog(paths["log"]),
-                                Printing(every_n_epochs=5, after_epoch=False)])
+    evaluation = {
+        "valid": two_label_iterator(*splits["valid"], batch_size=64),
+        "test": two_label_iterator(*splits["test"], batch_size=100),
+    }
+    loop = MainLoop(
+        two_heads(),
+        train,
+        contexts=args.contexts,
+        optimizer="sgd",
+        optimizer_params={"learning_rate": args.learning_rate, "momentum": 0.9},
+        initializer=mx.init.Xavier(),
+        extensions=[
+            FinishAfter(after_n_epochs=args.epochs),
+            TrainingMonitoring(METRICS),
+            Evaluate(evaluation, metrics=METRICS),
+            JSONLinesLog(paths["log"]),
+            Printing(every_n_epochs=5, after_epoch=False),
+        ],
+    )
     loop.run()
     shown = ("softmax_accuracy", "intensity_mae")
     print(f"{'':8}" + "".join(f"{name:>22}" for name in shown))

@@ -6,6 +6,7 @@ The public names are imported on first use, so that ``mxoid show`` and
 :data:`MOVED`) are still importable under their old names, with a
 ``DeprecationWarning`` naming the new one.
 """
+
 import importlib.abc
 import importlib.util
 import sys
@@ -73,15 +74,19 @@ def __dir__() -> List[str]:
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     """Imports a moved module under its old name: the new module, with a warning."""
 
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None
-                  ) -> Optional[importlib.machinery.ModuleSpec]:
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> Optional[importlib.machinery.ModuleSpec]:
         if fullname not in MOVED:
             return None
         return importlib.util.spec_from_loader(fullname, self)
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
-        warnings.warn(f"{spec.name} moved to {MOVED[spec.name]}; import it from there",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{spec.name} moved to {MOVED[spec.name]}; import it from there",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         return import_module(MOVED[spec.name])
 
     def exec_module(self, module: Any) -> None:
@@ -96,8 +101,23 @@ if TYPE_CHECKING:  # pragma: no cover
     from .checkpoint import CheckpointError
     from .distributed import allreduce_sums, shard
     from .executor_manager import DataParallelExecutorManager
-    from .extensions import (Checkpoint, CSVLog, EarlyStopping, Evaluate, Extension, FinishAfter,
-                             JSONLinesLog, LearningRateSchedule, NaNGuard, OnLogRecord, Printing,
-                             ProgressBar, TensorBoard, Timing, TrackBest, TrainingMonitoring)
+    from .extensions import (
+        Checkpoint,
+        CSVLog,
+        EarlyStopping,
+        Evaluate,
+        Extension,
+        FinishAfter,
+        JSONLinesLog,
+        LearningRateSchedule,
+        NaNGuard,
+        OnLogRecord,
+        Printing,
+        ProgressBar,
+        TensorBoard,
+        Timing,
+        TrackBest,
+        TrainingMonitoring,
+    )
     from .log import TrainingLog, TrainingStatus, read_log
     from .main_loop import MainLoop

@@ -1,4 +1,5 @@
 """``python -m mxoid``: the ``mxoid`` command (see :mod:`mxoid.cli`)."""
+
 import sys
 
 from .cli import main

@@ -13,6 +13,7 @@ read with :func:`mxoid.log_files.read_log`. Bad input (a missing file, an
 empty log, a file that is not a log, an unknown record) gets a one-line
 error on standard error and exit status 1; bad usage gets status 2.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,12 +26,23 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from . import __version__
 from .log.files import EPOCHS_DONE, ITERATION, RUN, read_log
 
-__all__ = ["PLOT_EXTRA", "InputError", "epoch_positions", "format_table", "main",
-           "metric_families", "plot", "select_records", "show"]
+__all__ = [
+    "PLOT_EXTRA",
+    "InputError",
+    "epoch_positions",
+    "format_table",
+    "main",
+    "metric_families",
+    "plot",
+    "select_records",
+    "show",
+]
 
 EXIT_BAD_INPUT = 1
-PLOT_EXTRA = ("mxoid plot needs matplotlib, which is not installed: "
-              "pip install 'mxoid[plot]' (or: pip install matplotlib)")
+PLOT_EXTRA = (
+    "mxoid plot needs matplotlib, which is not installed: "
+    "pip install 'mxoid[plot]' (or: pip install matplotlib)"
+)
 SPLITS = ("train", "valid", "validation", "val", "dev", "test")
 """Record prefixes always read as the data a metric was measured on."""
 
@@ -78,8 +90,9 @@ def _numeric(rows: Sequence[Dict[str, Any]], name: str) -> bool:
     return bool(values) and all(_is_number(value) for value in values)
 
 
-def select_records(rows: Sequence[Dict[str, Any]], wanted: Optional[Sequence[str]],
-                   path: str = "the log") -> List[str]:
+def select_records(
+    rows: Sequence[Dict[str, Any]], wanted: Optional[Sequence[str]], path: str = "the log"
+) -> List[str]:
     """Return the records to show: ``wanted`` (names or shell patterns such as
     ``'valid_*'``, in that order), or by default every record holding numbers.
 
@@ -92,21 +105,22 @@ def select_records(rows: Sequence[Dict[str, Any]], wanted: Optional[Sequence[str
     if not wanted:
         chosen = [name for name in names if _numeric(rows, name)]
         if not chosen:
-            raise InputError(f"{path}: no record holds numbers; its records are "
-                             f"{', '.join(names) or 'none'}")
+            raise InputError(
+                f"{path}: no record holds numbers; its records are {', '.join(names) or 'none'}"
+            )
         return chosen
     chosen: List[str] = []
     for item in wanted:
         if any(char in item for char in "*?["):
             matched = [name for name in names if fnmatch.fnmatchcase(name, item)]
             if not matched:
-                raise InputError(f"{path}: no record matches {item!r}; its records are "
-                                 f"{', '.join(names)}")
+                raise InputError(
+                    f"{path}: no record matches {item!r}; its records are {', '.join(names)}"
+                )
         elif item in names:
             matched = [item]
         else:
-            raise InputError(f"{path}: unknown record {item!r}; its records are "
-                             f"{', '.join(names)}")
+            raise InputError(f"{path}: unknown record {item!r}; its records are {', '.join(names)}")
         chosen += [name for name in matched if name not in chosen]
     return chosen
 
@@ -124,11 +138,12 @@ def _cell(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.6g}" if math.isfinite(value) else str(value)
     text = str(value)
-    return text if len(text) <= _CELL_WIDTH else text[:_CELL_WIDTH - 3] + "..."
+    return text if len(text) <= _CELL_WIDTH else text[: _CELL_WIDTH - 3] + "..."
 
 
-def format_table(rows: Sequence[Dict[str, Any]], records: Sequence[str],
-                 all_runs: bool = False) -> str:
+def format_table(
+    rows: Sequence[Dict[str, Any]], records: Sequence[str], all_runs: bool = False
+) -> str:
     """The rows holding any of ``records`` as a text table, a line per row."""
     columns = ([RUN] if all_runs else []) + [ITERATION, EPOCHS_DONE] + list(records)
     shown = [row for row in rows if any(row.get(name) is not None for name in records)]
@@ -255,11 +270,11 @@ def plot(args: argparse.Namespace) -> int:
     for index, (family, members) in enumerate(families.items(), start=1):
         axes = figure.add_subplot(lines, columns, index)
         for label, name in members:
-            points = [(x, row[name]) for x, row in zip(positions, rows)
-                      if _is_number(row.get(name))]
+            points = [
+                (x, row[name]) for x, row in zip(positions, rows) if _is_number(row.get(name))
+            ]
             xs, ys = zip(*points)
-            axes.plot(xs, ys, marker="o" if len(points) <= 50 else None, markersize=3,
-                      label=label)
+            axes.plot(xs, ys, marker="o" if len(points) <= 50 else None, markersize=3, label=label)
         axes.set_title(family)
         axes.set_xlabel(xlabel)
         axes.grid(True, alpha=0.3)
@@ -276,42 +291,64 @@ def plot(args: argparse.Namespace) -> int:
 
 # -------------------------------------------------------------------- main
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mxoid", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="mxoid", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--version", action="version", version=f"mxoid {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    records_help = ("records to show, by name or shell pattern ('valid_*'), separated by "
-                    "spaces or commas (default: every record holding numbers)")
+    records_help = (
+        "records to show, by name or shell pattern ('valid_*'), separated by "
+        "spaces or commas (default: every record holding numbers)"
+    )
     show_parser = commands.add_parser(
-        "show", help="print a log as a table, a line per row (per epoch for epoch records)",
+        "show",
+        help="print a log as a table, a line per row (per epoch for epoch records)",
         description="Print the rows of a JSON-lines or CSV log that hold any of the chosen "
-                    "records, as a table: iteration, epochs_done, then a column per record "
-                    "('-' where a row lacks it). Only the last run in the file, unless "
-                    "--all-runs.")
+        "records, as a table: iteration, epochs_done, then a column per record "
+        "('-' where a row lacks it). Only the last run in the file, unless "
+        "--all-runs.",
+    )
     show_parser.add_argument("log", metavar="LOG", help="a .jsonl or .csv log file")
     show_parser.add_argument("--records", nargs="+", metavar="NAME", help=records_help)
-    show_parser.add_argument("--all-runs", action="store_true",
-                             help="show every run appended to the file, with a run column")
+    show_parser.add_argument(
+        "--all-runs",
+        action="store_true",
+        help="show every run appended to the file, with a run column",
+    )
     show_parser.set_defaults(handler=show)
 
     plot_parser = commands.add_parser(
-        "plot", help="plot learning curves to an image (needs matplotlib: mxoid[plot])",
+        "plot",
+        help="plot learning curves to an image (needs matplotlib: mxoid[plot])",
         description="Plot the records of a log, one panel per metric family (train_accuracy, "
-                    "valid_accuracy and test_accuracy share the panel 'accuracy'), against "
-                    "epochs. Needs matplotlib: pip install 'mxoid[plot]'.")
+        "valid_accuracy and test_accuracy share the panel 'accuracy'), against "
+        "epochs. Needs matplotlib: pip install 'mxoid[plot]'.",
+    )
     plot_parser.add_argument("log", metavar="LOG", help="a .jsonl or .csv log file")
-    plot_parser.add_argument("-o", "--output", default="curves.png", metavar="FILE",
-                             help="the image to write; its suffix picks the format "
-                                  "(.png, .svg, .pdf) (default: %(default)s)")
+    plot_parser.add_argument(
+        "-o",
+        "--output",
+        default="curves.png",
+        metavar="FILE",
+        help="the image to write; its suffix picks the format "
+        "(.png, .svg, .pdf) (default: %(default)s)",
+    )
     plot_parser.add_argument("--records", nargs="+", metavar="NAME", help=records_help)
-    plot_parser.add_argument("--x", choices=("epoch", "iteration"), default="epoch",
-                             help="the horizontal axis (default: %(default)s)")
+    plot_parser.add_argument(
+        "--x",
+        choices=("epoch", "iteration"),
+        default="epoch",
+        help="the horizontal axis (default: %(default)s)",
+    )
     plot_parser.add_argument("--dpi", type=int, default=100, help="resolution (default: 100)")
     plot_parser.set_defaults(handler=plot)
 
-    commands.add_parser("launch", add_help=False,
-                        help="run a distributed job on this machine (see: mxoid launch --help)")
+    commands.add_parser(
+        "launch",
+        add_help=False,
+        help="run a distributed job on this machine (see: mxoid launch --help)",
+    )
     return parser
 
 
@@ -320,6 +357,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "launch":
         from .distributed.launch import main as launch_main
+
         return launch_main(argv[1:])
     args = _parser().parse_args(argv)
     try:

@@ -1,4 +1,5 @@
 """Readable errors out of MXNet's C++ messages."""
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """One executor per device, each batch split across the devices."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -8,8 +9,13 @@ import numpy as np
 
 from .errors import clean_mxnet_message
 
-__all__ = ["DataParallelExecutorManager", "OutputArrays", "check_contexts", "output_short_name",
-           "split_batch"]
+__all__ = [
+    "DataParallelExecutorManager",
+    "OutputArrays",
+    "check_contexts",
+    "output_short_name",
+    "split_batch",
+]
 
 DataDescLike = Union[mx.io.DataDesc, Tuple[str, Tuple[int, ...]]]
 ArrayLike = Union[mx.nd.NDArray, np.ndarray]
@@ -37,7 +43,8 @@ class OutputArrays(dict):
 
     def __contains__(self, key: object) -> bool:
         return dict.__contains__(self, key) or (
-            isinstance(key, str) and dict.__contains__(self, output_short_name(key)))
+            isinstance(key, str) and dict.__contains__(self, output_short_name(key))
+        )
 
 
 def check_contexts(contexts: Any) -> List[mx.Context]:
@@ -55,20 +62,28 @@ def check_contexts(contexts: Any) -> List[mx.Context]:
     if isinstance(contexts, mx.Context):
         contexts = [contexts]
     if isinstance(contexts, (str, bytes)) or not isinstance(contexts, (list, tuple)):
-        raise TypeError(f"contexts must be an mx.Context or a list of them, e.g. [mx.cpu()] or "
-                        f"[mx.gpu(0), mx.gpu(1)]; got {contexts!r}")
+        raise TypeError(
+            f"contexts must be an mx.Context or a list of them, e.g. [mx.cpu()] or "
+            f"[mx.gpu(0), mx.gpu(1)]; got {contexts!r}"
+        )
     contexts = list(contexts)
     for context in contexts:
         if not isinstance(context, mx.Context):
-            raise TypeError(f"contexts must be mx.Context objects such as mx.cpu() or "
-                            f"mx.gpu(0); got {context!r} in {contexts!r}")
+            raise TypeError(
+                f"contexts must be mx.Context objects such as mx.cpu() or "
+                f"mx.gpu(0); got {context!r} in {contexts!r}"
+            )
     gpus = [c for c in contexts if c.device_type == "gpu"]
     if gpus:
         available = mx.context.num_gpus()
         missing = [c for c in gpus if c.device_id >= available]
         if missing:
-            where = ("this MXNet is a CPU-only build (install a CUDA build, e.g. mxnet-cu112, "
-                     "or use mx.cpu())" if available == 0 else f"this machine has {available}")
+            where = (
+                "this MXNet is a CPU-only build (install a CUDA build, e.g. mxnet-cu112, "
+                "or use mx.cpu())"
+                if available == 0
+                else f"this machine has {available}"
+            )
             raise ValueError(f"contexts {missing} name GPUs that do not exist: {where}")
     if len(set(map(str, contexts))) != len(contexts):
         raise ValueError(f"contexts {contexts} name a device twice; give each device once")
@@ -100,14 +115,16 @@ def split_batch(batch_size: int, work_load_list: Sequence[float]) -> List[slice]
     if batch_size < len(work_load_list):
         raise ValueError(
             f"a batch of {batch_size} rows cannot be split across {len(work_load_list)} devices; "
-            "use a batch size of at least the number of contexts")
+            "use a batch size of at least the number of contexts"
+        )
     total = float(sum(work_load_list))
     counts = [max(1, int(round(w * batch_size / total))) for w in work_load_list]
     counts[-1] = batch_size - sum(counts[:-1])
     if counts[-1] < 1:
         raise ValueError(
             f"work_load_list {list(work_load_list)} leaves a device with no rows of a "
-            f"batch of {batch_size}; use a larger batch or a more even work load")
+            f"batch of {batch_size}; use a larger batch or a more even work load"
+        )
     slices, start = [], 0
     for count in counts:
         slices.append(slice(start, start + count))
@@ -169,11 +186,16 @@ class DataParallelExecutorManager:
     >>> manager.load_data_batch(next(it)); manager.forward(is_train=True); manager.backward()
     """
 
-    def __init__(self, symbol: mx.sym.Symbol, contexts: Sequence[mx.Context],
-                 data_shapes: Sequence[DataDescLike],
-                 label_shapes: Optional[Sequence[DataDescLike]] = None, *,
-                 work_load_list: Optional[Sequence[float]] = None,
-                 shared_manager: Optional["DataParallelExecutorManager"] = None) -> None:
+    def __init__(
+        self,
+        symbol: mx.sym.Symbol,
+        contexts: Sequence[mx.Context],
+        data_shapes: Sequence[DataDescLike],
+        label_shapes: Optional[Sequence[DataDescLike]] = None,
+        *,
+        work_load_list: Optional[Sequence[float]] = None,
+        shared_manager: Optional["DataParallelExecutorManager"] = None,
+    ) -> None:
         self.symbol = symbol
         self.contexts = list(contexts)
         if not self.contexts:
@@ -196,12 +218,15 @@ class DataParallelExecutorManager:
                 raise ValueError(
                     f"the symbol rejects the input shapes: {desc.name!r} has shape "
                     f"{tuple(desc.shape)} but {self.data_names[0]!r} has a batch of "
-                    f"{self.batch_size}; every input needs the batch size as its first dimension")
+                    f"{self.batch_size}; every input needs the batch size as its first dimension"
+                )
         if work_load_list is None:
             work_load_list = [1] * len(self.contexts)
         if len(work_load_list) != len(self.contexts):
-            raise ValueError(f"work_load_list has {len(work_load_list)} entries for "
-                             f"{len(self.contexts)} contexts; give one per context")
+            raise ValueError(
+                f"work_load_list has {len(work_load_list)} entries for "
+                f"{len(self.contexts)} contexts; give one per context"
+            )
         self.work_load_list = list(work_load_list)
         self.slices = split_batch(self.batch_size, self.work_load_list)
         self.shared_manager = shared_manager
@@ -212,9 +237,11 @@ class DataParallelExecutorManager:
         self.grad_arrays = [[e.grad_dict[n] for e in execs] for n in self.param_names]
         self.aux_arrays = [[e.aux_dict[n] for e in execs] for n in self.aux_names]
         self.outputs = OutputArrays(
-            (name, [e.outputs[j] for e in execs]) for j, name in enumerate(self.output_names))
+            (name, [e.outputs[j] for e in execs]) for j, name in enumerate(self.output_names)
+        )
         self.labels: Dict[str, List[mx.nd.NDArray]] = {
-            n: [e.arg_dict[n] for e in execs] for n in self.label_names}
+            n: [e.arg_dict[n] for e in execs] for n in self.label_names
+        }
         self._data_targets = [[e.arg_dict[n] for e in execs] for n in self.data_names]
         self._label_targets = [self.labels[n] for n in self.label_names]
         self._single = len(execs) == 1
@@ -235,14 +262,19 @@ class DataParallelExecutorManager:
                     raise ValueError(
                         f"the iterator provides {kind} {name!r}, which the symbol does not take; "
                         f"the symbol's arguments are {self.arg_names}. Rename the iterator's "
-                        f"{kind} (e.g. NDArrayIter(..., {kind}_name=...)) to match the symbol")
+                        f"{kind} (e.g. NDArrayIter(..., {kind}_name=...)) to match the symbol"
+                    )
         given = set(self.data_names) | set(self.label_names)
-        missing = [n for n in self.arg_names
-                   if n not in given and (n.endswith("_label") or n in ("data", "label"))]
+        missing = [
+            n
+            for n in self.arg_names
+            if n not in given and (n.endswith("_label") or n in ("data", "label"))
+        ]
         if missing:
             raise ValueError(
                 f"the symbol takes {missing} as input but the iterator provides only "
-                f"{sorted(given)}; name the iterator's data and label after the symbol's inputs")
+                f"{sorted(given)}; name the iterator's data and label after the symbol's inputs"
+            )
 
     def _input_shapes(self, device: int) -> Tuple[Dict[str, tuple], Dict[str, np.dtype]]:
         rows = self.slices[device].stop - self.slices[device].start
@@ -262,8 +294,9 @@ class DataParallelExecutorManager:
                 f"the symbol rejects the input shapes {shapes}: {clean_mxnet_message(error)}"
             ) from None
 
-    def _bind_shared(self, device: int, ctx: mx.Context, shapes: Dict[str, tuple],
-                     types: Dict[str, np.dtype]) -> mx.executor.Executor:
+    def _bind_shared(
+        self, device: int, ctx: mx.Context, shapes: Dict[str, tuple], types: Dict[str, np.dtype]
+    ) -> mx.executor.Executor:
         # Parameters are bound with gradient arrays (the shared ones, so no
         # memory is added): an executor bound with grad_req='null' is fused by
         # MXNet's MKLDNN subgraph backend, which caches the weights at its
@@ -279,32 +312,50 @@ class DataParallelExecutorManager:
             else:
                 args[name] = base.arg_dict[name]
                 if args[name].shape != tuple(shape):
-                    raise ValueError(f"parameter {name!r} has shape {tuple(shape)} for these inputs "
-                                     f"but {args[name].shape} in training; it cannot be shared")
+                    raise ValueError(
+                        f"parameter {name!r} has shape {tuple(shape)} for these inputs "
+                        f"but {args[name].shape} in training; it cannot be shared"
+                    )
                 grads[name] = base.grad_dict[name]
                 grad_req[name] = "write"
-        return self.symbol.bind(ctx, args=args, args_grad=grads, grad_req=grad_req,
-                                aux_states=[base.aux_dict[n] for n in self.aux_names],
-                                shared_exec=base)
+        return self.symbol.bind(
+            ctx,
+            args=args,
+            args_grad=grads,
+            grad_req=grad_req,
+            aux_states=[base.aux_dict[n] for n in self.aux_names],
+            shared_exec=base,
+        )
 
-    def evaluation_manager(self, data_shapes: Sequence[DataDescLike],
-                           label_shapes: Optional[Sequence[DataDescLike]] = None
-                           ) -> "DataParallelExecutorManager":
+    def evaluation_manager(
+        self,
+        data_shapes: Sequence[DataDescLike],
+        label_shapes: Optional[Sequence[DataDescLike]] = None,
+    ) -> "DataParallelExecutorManager":
         """Return a manager for other input shapes that shares this one's parameters.
 
         The manager is bound once per distinct set of shapes and reused.
         It is meant for forward passes (``is_train=False``) only.
         """
         data_descs, label_descs = _as_descs(data_shapes), _as_descs(label_shapes)
-        if ([(d.name, tuple(d.shape)) for d in data_descs] == [(d.name, tuple(d.shape)) for d in self.data_descs]
-                and [(d.name, tuple(d.shape)) for d in label_descs]
-                == [(d.name, tuple(d.shape)) for d in self.label_descs]):
+        if [(d.name, tuple(d.shape)) for d in data_descs] == [
+            (d.name, tuple(d.shape)) for d in self.data_descs
+        ] and [(d.name, tuple(d.shape)) for d in label_descs] == [
+            (d.name, tuple(d.shape)) for d in self.label_descs
+        ]:
             return self
-        key = tuple((d.name, tuple(d.shape), np.dtype(d.dtype).str) for d in data_descs + label_descs)
+        key = tuple(
+            (d.name, tuple(d.shape), np.dtype(d.dtype).str) for d in data_descs + label_descs
+        )
         if key not in self._evaluation_managers:
             self._evaluation_managers[key] = DataParallelExecutorManager(
-                self.symbol, self.contexts, data_descs, label_descs,
-                work_load_list=self.work_load_list, shared_manager=self)
+                self.symbol,
+                self.contexts,
+                data_descs,
+                label_descs,
+                work_load_list=self.work_load_list,
+                shared_manager=self,
+            )
         return self._evaluation_managers[key]
 
     # ----------------------------------------------------------------- batches
@@ -339,7 +390,9 @@ class DataParallelExecutorManager:
     def backward(self) -> None:
         """Run the backward pass on every device (asynchronously)."""
         if self.shared_manager is not None:
-            raise RuntimeError("a manager that shares another's parameters is for forward passes only")
+            raise RuntimeError(
+                "a manager that shares another's parameters is for forward passes only"
+            )
         self._aux_agree = self._single or not self.aux_names
         for executor in self.executors:
             executor.backward()
@@ -350,8 +403,11 @@ class DataParallelExecutorManager:
         return self._pad
 
     # -------------------------------------------------------------- parameters
-    def set_params(self, arg_params: Mapping[str, ArrayLike],
-                   aux_params: Optional[Mapping[str, ArrayLike]] = None) -> None:
+    def set_params(
+        self,
+        arg_params: Mapping[str, ArrayLike],
+        aux_params: Optional[Mapping[str, ArrayLike]] = None,
+    ) -> None:
         """Copy parameter values into every device.
 
         Parameters
@@ -361,18 +417,22 @@ class DataParallelExecutorManager:
             parameters not given keep their current values.
         """
         for kind, values, names, arrays in (
-                ("arg_params", arg_params, self.param_names, self.param_arrays),
-                ("aux_params", aux_params or {}, self.aux_names, self.aux_arrays)):
+            ("arg_params", arg_params, self.param_names, self.param_arrays),
+            ("aux_params", aux_params or {}, self.aux_names, self.aux_arrays),
+        ):
             index = {n: i for i, n in enumerate(names)}
             unknown = sorted(set(values) - set(index))
             if unknown:
-                raise ValueError(f"{kind} has {unknown}, which the symbol does not have; "
-                                 f"its {kind} are {names}")
+                raise ValueError(
+                    f"{kind} has {unknown}, which the symbol does not have; its {kind} are {names}"
+                )
             for name, value in values.items():
                 for target in arrays[index[name]]:
                     if tuple(value.shape) != target.shape:
-                        raise ValueError(f"{kind}[{name!r}] has shape {tuple(value.shape)}, "
-                                         f"the symbol needs {target.shape}")
+                        raise ValueError(
+                            f"{kind}[{name!r}] has shape {tuple(value.shape)}, "
+                            f"the symbol needs {target.shape}"
+                        )
                     if isinstance(value, mx.nd.NDArray):
                         value.astype(target.dtype, copy=False).copyto(target)
                     else:
@@ -391,7 +451,9 @@ class DataParallelExecutorManager:
         """
         self.synchronize()
         cpu = mx.cpu()
-        arg_params = {n: arrays[0].copyto(cpu) for n, arrays in zip(self.param_names, self.param_arrays)}
+        arg_params = {
+            n: arrays[0].copyto(cpu) for n, arrays in zip(self.param_names, self.param_arrays)
+        }
         return arg_params, self._host_aux_states()
 
     def _host_aux_states(self) -> Dict[str, mx.nd.NDArray]:
@@ -399,7 +461,9 @@ class DataParallelExecutorManager:
         aux_params = {}
         for name, arrays in zip(self.aux_names, self.aux_arrays):
             total = arrays[0].copyto(cpu)
-            if not self._root._aux_agree:  # Module's arithmetic: (0 + a0 + a1 + ...) / n on the host
+            if (
+                not self._root._aux_agree
+            ):  # Module's arithmetic: (0 + a0 + a1 + ...) / n on the host
                 for array in arrays[1:]:
                     total += array.copyto(cpu)
                 total /= len(arrays)

@@ -1,4 +1,5 @@
 """A faster updater for plain SGD, computing exactly what MXNet's own does."""
+
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple, Union
@@ -44,8 +45,12 @@ class FusedSGDUpdater(mx.optimizer.Updater):
 
     def _fused(self) -> bool:
         optimizer = self.optimizer
-        return (type(optimizer) is mx.optimizer.SGD and optimizer.momentum > 0
-                and not optimizer.multi_precision and optimizer.lr_scheduler is None)
+        return (
+            type(optimizer) is mx.optimizer.SGD
+            and optimizer.momentum > 0
+            and not optimizer.multi_precision
+            and optimizer.lr_scheduler is None
+        )
 
     def __call__(self, index: Union[int, str, list], grad: Any, weight: Any) -> None:
         if not self._fused():
@@ -66,8 +71,15 @@ class FusedSGDUpdater(mx.optimizer.Updater):
         key, state, lr_mult, wd_mult, kwargs = plan
         optimizer = self.optimizer
         optimizer._update_count(key)
-        mx.nd.sgd_mom_update(weight, grad, state, out=weight, lr=optimizer.lr * lr_mult,
-                             wd=optimizer.wd * wd_mult, **kwargs)
+        mx.nd.sgd_mom_update(
+            weight,
+            grad,
+            state,
+            out=weight,
+            lr=optimizer.lr * lr_mult,
+            wd=optimizer.wd * wd_mult,
+            **kwargs,
+        )
 
     def _plan(self, index: Any, grad: mx.nd.NDArray, weight: mx.nd.NDArray) -> Optional[_Plan]:
         if weight.stype != "default" or grad.stype != "default":
@@ -84,9 +96,11 @@ class FusedSGDUpdater(mx.optimizer.Updater):
             lr_mult, wd_mult = optimizer._get_lrs([key])[0], optimizer._get_wds([key])[0]
         finally:
             optimizer.lr, optimizer.wd = lr, wd
-        kwargs: Dict[str, Any] = {"rescale_grad": optimizer.rescale_grad,
-                                  "momentum": optimizer.momentum,
-                                  "lazy_update": optimizer.lazy_update}
+        kwargs: Dict[str, Any] = {
+            "rescale_grad": optimizer.rescale_grad,
+            "momentum": optimizer.momentum,
+            "lazy_update": optimizer.lazy_update,
+        }
         if optimizer.clip_gradient:
             kwargs["clip_gradient"] = optimizer.clip_gradient
         return key, self.states[key], lr_mult, wd_mult, kwargs

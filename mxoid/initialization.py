@@ -1,4 +1,5 @@
 """Initial parameter values: the ones given, the rest from an initializer."""
+
 from __future__ import annotations
 
 from typing import Dict, Mapping, Optional, Tuple
@@ -10,11 +11,13 @@ from .executor_manager import DataParallelExecutorManager
 __all__ = ["initial_params", "parameter_shapes", "shape_differences"]
 
 
-def initial_params(manager: DataParallelExecutorManager, symbol: mx.sym.Symbol,
-                    initializer: Optional[mx.init.Initializer],
-                    arg_params: Optional[Mapping[str, mx.nd.NDArray]],
-                    aux_params: Optional[Mapping[str, mx.nd.NDArray]]
-                    ) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
+def initial_params(
+    manager: DataParallelExecutorManager,
+    symbol: mx.sym.Symbol,
+    initializer: Optional[mx.init.Initializer],
+    arg_params: Optional[Mapping[str, mx.nd.NDArray]],
+    aux_params: Optional[Mapping[str, mx.nd.NDArray]],
+) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
     """Host values for every parameter: the given ones, the rest from the initializer.
 
     Missing values are drawn in sorted name order, as ``Module.init_params`` does.
@@ -22,22 +25,28 @@ def initial_params(manager: DataParallelExecutorManager, symbol: mx.sym.Symbol,
     initializer = initializer or mx.init.Uniform(0.01)
     attrs = symbol.attr_dict()
     values = []
-    for given, names, arrays in ((arg_params, manager.param_names, manager.param_arrays),
-                                 (aux_params, manager.aux_names, manager.aux_arrays)):
+    for given, names, arrays in (
+        (arg_params, manager.param_names, manager.param_arrays),
+        (aux_params, manager.aux_names, manager.aux_arrays),
+    ):
         given = dict(given or {})
         shapes = {n: a[0] for n, a in zip(names, arrays)}
         unknown = sorted(set(given) - set(shapes))
         if unknown:
-            raise ValueError(f"initial parameters {unknown} are not parameters of the symbol; "
-                             f"its parameters are {sorted(shapes)}")
+            raise ValueError(
+                f"initial parameters {unknown} are not parameters of the symbol; "
+                f"its parameters are {sorted(shapes)}"
+            )
         result = {}
         for name in sorted(shapes):
             template = shapes[name]
             if name in given:
                 value = given[name]
                 if tuple(value.shape) != template.shape:
-                    raise ValueError(f"initial value of {name!r} has shape {tuple(value.shape)}, "
-                                     f"the symbol needs {template.shape}")
+                    raise ValueError(
+                        f"initial value of {name!r} has shape {tuple(value.shape)}, "
+                        f"the symbol needs {template.shape}"
+                    )
                 result[name] = mx.nd.array(value, ctx=mx.cpu(), dtype=template.dtype)
             else:
                 array = mx.nd.zeros(template.shape, ctx=mx.cpu(), dtype=template.dtype)
@@ -50,8 +59,9 @@ def initial_params(manager: DataParallelExecutorManager, symbol: mx.sym.Symbol,
 Shapes = Dict[str, Tuple[int, ...]]
 
 
-def parameter_shapes(symbol: mx.sym.Symbol, input_shapes: Mapping[str, Tuple[int, ...]]
-                     ) -> Tuple[Shapes, Shapes]:
+def parameter_shapes(
+    symbol: mx.sym.Symbol, input_shapes: Mapping[str, Tuple[int, ...]]
+) -> Tuple[Shapes, Shapes]:
     """The shapes of a symbol's parameters and auxiliary states for these input shapes.
 
     Raises
@@ -70,9 +80,14 @@ def shape_differences(ours: Shapes, theirs: Shapes) -> str:
     """Say how two sets of parameter shapes differ: names on one side only, other shapes."""
     only_theirs = sorted(set(theirs) - set(ours))
     only_ours = sorted(set(ours) - set(theirs))
-    shapes = sorted(f"{n}: {theirs[n]} saved, {ours[n]} here"
-                    for n in set(ours) & set(theirs) if ours[n] != theirs[n])
-    parts = [f"only in the checkpoint: {only_theirs}" if only_theirs else "",
-             f"only in this network: {only_ours}" if only_ours else "",
-             f"other shapes: {shapes}" if shapes else ""]
+    shapes = sorted(
+        f"{n}: {theirs[n]} saved, {ours[n]} here"
+        for n in set(ours) & set(theirs)
+        if ours[n] != theirs[n]
+    )
+    parts = [
+        f"only in the checkpoint: {only_theirs}" if only_theirs else "",
+        f"only in this network: {only_ours}" if only_ours else "",
+        f"other shapes: {shapes}" if shapes else "",
+    ]
     return "; ".join(part for part in parts if part)

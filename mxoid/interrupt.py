@@ -10,6 +10,7 @@ when training ends). A run that was cut short says so and how to resume
 (:func:`interruption_message`), and exits with 128 + the signal number
 (:func:`exit_status`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -21,13 +22,21 @@ from typing import Any, Dict, Optional, Sequence
 
 from .log.status import TrainingStatus
 
-__all__ = ["InterruptHandlers", "cut_short", "epoch_interrupted", "exit_status",
-           "interruption_message", "signal_number"]
+__all__ = [
+    "InterruptHandlers",
+    "cut_short",
+    "epoch_interrupted",
+    "exit_status",
+    "interruption_message",
+    "signal_number",
+]
 
 logger = logging.getLogger(__name__)
 
-EPOCH_MESSAGE = ("Ctrl-C received: training stops at the end of this epoch. "
-                 "Press Ctrl-C again to stop after the current batch.")
+EPOCH_MESSAGE = (
+    "Ctrl-C received: training stops at the end of this epoch. "
+    "Press Ctrl-C again to stop after the current batch."
+)
 BATCH_MESSAGE = "{signal} received: training stops after the current batch."
 
 
@@ -112,16 +121,17 @@ def cut_short(status: TrainingStatus) -> bool:
     if status.interrupted is None:
         return False
     if status.stop_reason is not None and not status.stop_reason.startswith(
-            ("interrupted by", "rank ")):
-        logger.info("%s arrived as training finished (%s)", status.interrupted,
-                    status.stop_reason)
+        ("interrupted by", "rank ")
+    ):
+        logger.info("%s arrived as training finished (%s)", status.interrupted, status.stop_reason)
         status.interrupted = None
         return False
     return True
 
 
-def interruption_message(status: TrainingStatus, saved: Optional[str],
-                         directories: Sequence[str]) -> str:
+def interruption_message(
+    status: TrainingStatus, saved: Optional[str], directories: Sequence[str]
+) -> str:
     """What an interrupted run tells its user: where it stopped, and how to resume.
 
     Parameters
@@ -132,17 +142,25 @@ def interruption_message(status: TrainingStatus, saved: Optional[str],
         The loop's checkpoint directories (rank 0 writes them in distributed training).
     """
     if saved:
-        where = (f"The last checkpoint is {saved}; resume with "
-                 f"MainLoop(..., resume_from={os.path.dirname(os.path.abspath(saved))!r}).")
+        where = (
+            f"The last checkpoint is {saved}; resume with "
+            f"MainLoop(..., resume_from={os.path.dirname(os.path.abspath(saved))!r})."
+        )
     elif directories and status.rank != 0:
-        where = (f"Rank 0 saves the checkpoints; resume with "
-                 f"MainLoop(..., resume_from={directories[0]!r}).")
+        where = (
+            f"Rank 0 saves the checkpoints; resume with "
+            f"MainLoop(..., resume_from={directories[0]!r})."
+        )
     else:
-        where = ("No checkpoint was saved: add mxoid.extensions.Checkpoint(directory) to "
-                 "resume interrupted runs.")
-    return (f"Training interrupted by {status.interrupted} after "
-            f"{_count(status.epochs_done, 'epoch')} and {_count(status.iterations_done, 'batch')}"
-            f". {where}")
+        where = (
+            "No checkpoint was saved: add mxoid.extensions.Checkpoint(directory) to "
+            "resume interrupted runs."
+        )
+    return (
+        f"Training interrupted by {status.interrupted} after "
+        f"{_count(status.epochs_done, 'epoch')} and {_count(status.iterations_done, 'batch')}"
+        f". {where}"
+    )
 
 
 def _count(number: int, noun: str) -> str:

@@ -3,6 +3,7 @@
 ``mxoid launch`` lives in :mod:`mxoid.distributed.launch` (``python -m
 mxoid.distributed.launch``, or the ``mxoid launch`` command).
 """
+
 import sys
 
 from .distributed.launch import launch, main

@@ -1,4 +1,5 @@
 """The main loop: epochs of batches, with hooks into extensions, and the loop's own state."""
+
 from __future__ import annotations
 
 import logging
@@ -15,15 +16,26 @@ from .checkpoint import CheckpointContents, CheckpointError, ResumeError, find_c
 from .checkpoint.data_position import DataPosition
 from .checkpoint.random_state import get_random_states, set_random_states
 from .distributed.servers import is_distributed
-from .distributed.workers import (agree_to_stop, allreduce_sums, check_equal_steps,
-                                  exit_after_error, pull_parameters)
+from .distributed.workers import (
+    agree_to_stop,
+    allreduce_sums,
+    check_equal_steps,
+    exit_after_error,
+    pull_parameters,
+)
 from .executor_manager import DataParallelExecutorManager, check_contexts
 from .extensions.base import Extension
 from .extensions.dispatch import HookDispatcher, check_extensions
 from .extensions.saveload import Checkpoint
 from .initialization import initial_params, parameter_shapes, shape_differences
-from .interrupt import (InterruptHandlers, cut_short, epoch_interrupted, exit_status,
-                        interruption_message, signal_number)
+from .interrupt import (
+    InterruptHandlers,
+    cut_short,
+    epoch_interrupted,
+    exit_status,
+    interruption_message,
+    signal_number,
+)
 from .log import TrainingLog, TrainingStatus
 from .log.files import RESUMED_FROM
 from .log.records import TRAINING_FINISH_REQUESTED, plain_value
@@ -135,18 +147,24 @@ class MainLoop:
     end) on whether one of them asked to stop; a stop asked on one worker takes effect on all
     at the next agreement. Each agreement is one small exchange through the servers."""
 
-    def __init__(self, symbol: mx.sym.Symbol, train_data: mx.io.DataIter, *,
-                 contexts: Union[None, mx.Context, Sequence[mx.Context]] = None,
-                 optimizer: Union[str, mx.optimizer.Optimizer] = "sgd",
-                 optimizer_params: Optional[Dict[str, Any]] = None,
-                 initializer: Optional[mx.init.Initializer] = None,
-                 arg_params: Optional[Mapping[str, mx.nd.NDArray]] = None,
-                 aux_params: Optional[Mapping[str, mx.nd.NDArray]] = None,
-                 kvstore: KVStoreLike = "local", update_on_kvstore: Optional[bool] = None,
-                 work_load_list: Optional[Sequence[float]] = None,
-                 extensions: Sequence[Extension] = (),
-                 resume_from: Optional["os.PathLike[str] | str"] = None,
-                 exit_on_interrupt: bool = True) -> None:
+    def __init__(
+        self,
+        symbol: mx.sym.Symbol,
+        train_data: mx.io.DataIter,
+        *,
+        contexts: Union[None, mx.Context, Sequence[mx.Context]] = None,
+        optimizer: Union[str, mx.optimizer.Optimizer] = "sgd",
+        optimizer_params: Optional[Dict[str, Any]] = None,
+        initializer: Optional[mx.init.Initializer] = None,
+        arg_params: Optional[Mapping[str, mx.nd.NDArray]] = None,
+        aux_params: Optional[Mapping[str, mx.nd.NDArray]] = None,
+        kvstore: KVStoreLike = "local",
+        update_on_kvstore: Optional[bool] = None,
+        work_load_list: Optional[Sequence[float]] = None,
+        extensions: Sequence[Extension] = (),
+        resume_from: Optional["os.PathLike[str] | str"] = None,
+        exit_on_interrupt: bool = True,
+    ) -> None:
         kv = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         try:
             _check_inputs(symbol, train_data, initializer)
@@ -159,24 +177,32 @@ class MainLoop:
             self.resumed_from: Optional[str] = None
             self.current_batch: Optional[mx.io.DataBatch] = None
             self.manager = DataParallelExecutorManager(
-                symbol, self.contexts, train_data.provide_data, train_data.provide_label,
-                work_load_list=work_load_list)
+                symbol,
+                self.contexts,
+                train_data.provide_data,
+                train_data.provide_label,
+                work_load_list=work_load_list,
+            )
             kv, on_kvstore = create_kvstore(kvstore, len(self.contexts), update_on_kvstore)
             self._collective = is_distributed(kv)
             self._stop_everywhere = False
             self.data_position = DataPosition(train_data)
             checkpoint = find_checkpoint(
-                resume_from, [e.directory for e in self.extensions if isinstance(e, Checkpoint)],
-                lambda contents: self._check_checkpoint(contents, on_kvstore))
+                resume_from,
+                [e.directory for e in self.extensions if isinstance(e, Checkpoint)],
+                lambda contents: self._check_checkpoint(contents, on_kvstore),
+            )
             if checkpoint is not None:
                 arg_params, aux_params = checkpoint.arg_params, checkpoint.aux_params
-            arg_values, aux_values = initial_params(self.manager, symbol, initializer,
-                                                     arg_params, aux_params)
+            arg_values, aux_values = initial_params(
+                self.manager, symbol, initializer, arg_params, aux_params
+            )
             # Before the kvstore is initialized: with several devices it holds
             # the master copy, which would overwrite values set later.
             self.manager.set_params(arg_values, aux_values)
-            self.update = prepare_update(self.manager, symbol, kv, on_kvstore, optimizer,
-                                         optimizer_params, arg_values)
+            self.update = prepare_update(
+                self.manager, symbol, kv, on_kvstore, optimizer, optimizer_params, arg_values
+            )
             if self._collective:
                 check_equal_steps(kv, train_data)
             self.log = TrainingLog()
@@ -274,8 +300,9 @@ class MainLoop:
                 self.manager.reconcile_aux_states()
                 self.synchronize()
                 if self._collective and self.update_on_kvstore:
-                    pull_parameters(self.kvstore, self.manager.param_names,
-                                    self.manager.param_arrays)  # dist_async: end equal
+                    pull_parameters(
+                        self.kvstore, self.manager.param_names, self.manager.param_arrays
+                    )  # dist_async: end equal
                 fire("after_training")
         except BaseException as error:
             if isinstance(error, Exception):
@@ -313,12 +340,17 @@ class MainLoop:
                 after_batch(batch)
             if status.stop_requested and not self._stop_deferred():
                 return False
-            if (self._collective and status.iterations_done % self.stop_agreement_batches == 0
-                    and self._agree_to_stop(epoch_end=False)):
+            if (
+                self._collective
+                and status.iterations_done % self.stop_agreement_batches == 0
+                and self._agree_to_stop(epoch_end=False)
+            ):
                 return False
         if status.iterations_done_in_epoch == trained == 0:
-            raise ValueError("train_data yielded no batches in this epoch; is it empty, or "
-                             "already consumed (call train_data.reset() before the loop)?")
+            raise ValueError(
+                "train_data yielded no batches in this epoch; is it empty, or "
+                "already consumed (call train_data.reset() before the loop)?"
+            )
         return True
 
     def request_stop(self, reason: str, *, every_rank: bool = False) -> None:
@@ -351,18 +383,23 @@ class MainLoop:
     def _agree_to_stop(self, epoch_end: bool) -> bool:
         """A collective call: stop every worker when any worker asked to; return whether."""
         status = self.status
-        agreed = agree_to_stop(self.kvstore,
-                               status.stop_requested or (epoch_end and status.epoch_interrupt_received),
-                               signal_number(status.interrupted),
-                               epoch_end and status.epoch_interrupt_received)
+        agreed = agree_to_stop(
+            self.kvstore,
+            status.stop_requested or (epoch_end and status.epoch_interrupt_received),
+            signal_number(status.interrupted),
+            epoch_end and status.epoch_interrupt_received,
+        )
         if agreed is None:
             return False
         rank, number, epoch_interrupt = agreed
         if status.interrupted is None and (number or epoch_interrupt):
             status.interrupted = signal.Signals(number).name if number else "SIGINT"
         if status.stop_reason is None:
-            what = (f"was interrupted by {status.interrupted}" if status.interrupted
-                    else "asked to stop")
+            what = (
+                f"was interrupted by {status.interrupted}"
+                if status.interrupted
+                else "asked to stop"
+            )
             self.request_stop(f"rank {rank} {what}")
         self._stop_everywhere = True
         return True
@@ -415,18 +452,21 @@ class MainLoop:
         own formats (see :mod:`mxoid.checkpoint.format`).
         """
         log_state = self.log.state_dict()
-        log_state["rows"] = [[i, {k: plain_value(v) for k, v in row.items()}]
-                             for i, row in log_state["rows"]]
-        return {"log": log_state,
-                "status": self.status.state_dict(),
-                "extensions": self.dispatcher.state_dict(),
-                "random": get_random_states(),
-                "data_position": self.data_position.state_dict(),
-                "num_devices": len(self.contexts),
-                "update_on_kvstore": self.update_on_kvstore,
-                "batch_size": self.manager.batch_size,
-                "run_id": self.run_id,
-                "optimizer": self.update.settings}
+        log_state["rows"] = [
+            [i, {k: plain_value(v) for k, v in row.items()}] for i, row in log_state["rows"]
+        ]
+        return {
+            "log": log_state,
+            "status": self.status.state_dict(),
+            "extensions": self.dispatcher.state_dict(),
+            "random": get_random_states(),
+            "data_position": self.data_position.state_dict(),
+            "num_devices": len(self.contexts),
+            "update_on_kvstore": self.update_on_kvstore,
+            "batch_size": self.manager.batch_size,
+            "run_id": self.run_id,
+            "optimizer": self.update.settings,
+        }
 
     def load_state_dict(self, checkpoint: CheckpointContents) -> None:
         """Continue the run of ``checkpoint``: its optimizer states, log, status, extension
@@ -439,8 +479,9 @@ class MainLoop:
         state = checkpoint.loop_state
         if checkpoint.optimizer_states is not None:
             started = (state.get("optimizer") or {}).get("settings", {})
-            for change in self.update.load_states(checkpoint.optimizer_states, started,
-                                                  checkpoint.path):
+            for change in self.update.load_states(
+                checkpoint.optimizer_states, started, checkpoint.path
+            ):
                 warnings.warn(f"resuming from {checkpoint.path} with {change}", stacklevel=3)
         self.log.load_state_dict(state["log"])
         self.log.current_row[RESUMED_FROM] = checkpoint.path
@@ -456,14 +497,22 @@ class MainLoop:
             self.dispatcher.load_state_dict(state["extensions"])
         except ValueError as error:
             raise CheckpointError(f"checkpoint {checkpoint.path}: {error}") from None
-        self.data_position.restore(state["data_position"], status.epochs_done,
-                                   status.epoch_started, status.iterations_done_in_epoch)
+        self.data_position.restore(
+            state["data_position"],
+            status.epochs_done,
+            status.epoch_started,
+            status.iterations_done_in_epoch,
+        )
         set_random_states(state["random"])
         if state.get("mxnet_seed") is not None:
             mx.random.seed(int(state["mxnet_seed"]))
         self.resumed_from = checkpoint.path
-        logger.info("resumed from %s after %d epochs, %d batches", checkpoint.path,
-                    status.epochs_done, status.iterations_done)
+        logger.info(
+            "resumed from %s after %d epochs, %d batches",
+            checkpoint.path,
+            status.epochs_done,
+            status.iterations_done,
+        )
 
     def _check_checkpoint(self, contents: CheckpointContents, update_on_kvstore: bool) -> None:
         """Raise when ``contents`` cannot resume this loop.
@@ -480,34 +529,49 @@ class MainLoop:
         try:
             theirs = parameter_shapes(mx.sym.load_json(contents.symbol_json), inputs)
         except mx.base.MXNetError:
-            raise ResumeError(f"checkpoint {where} was saved from another network: its symbol "
-                              "does not take this loop's inputs. Resume with the network it was "
-                              "trained with, or start a new run from its parameters") from None
+            raise ResumeError(
+                f"checkpoint {where} was saved from another network: its symbol "
+                "does not take this loop's inputs. Resume with the network it was "
+                "trained with, or start a new run from its parameters"
+            ) from None
         if theirs != ours:
-            raise ResumeError(f"checkpoint {where} was saved from another network ("
-                              f"{shape_differences({**ours[0], **ours[1]}, {**theirs[0], **theirs[1]})}"
-                              "). Resume with the network it was trained with, or start a new "
-                              "run from its parameters (MainLoop(..., arg_params=...))")
-        for kind, saved, expected in (("parameter", contents.arg_params, ours[0]),
-                                      ("auxiliary state", contents.aux_params, ours[1])):
+            raise ResumeError(
+                f"checkpoint {where} was saved from another network ("
+                f"{shape_differences({**ours[0], **ours[1]}, {**theirs[0], **theirs[1]})}"
+                "). Resume with the network it was trained with, or start a new "
+                "run from its parameters (MainLoop(..., arg_params=...))"
+            )
+        for kind, saved, expected in (
+            ("parameter", contents.arg_params, ours[0]),
+            ("auxiliary state", contents.aux_params, ours[1]),
+        ):
             missing = sorted(set(expected) - set(saved))
-            wrong = sorted(n for n in set(expected) & set(saved)
-                           if tuple(saved[n].shape) != expected[n])
+            wrong = sorted(
+                n for n in set(expected) & set(saved) if tuple(saved[n].shape) != expected[n]
+            )
             if missing or wrong:
-                raise CheckpointError(f"checkpoint {where} is damaged: its {kind}s {missing} "
-                                      f"are missing, {wrong} have other shapes than its network's")
+                raise CheckpointError(
+                    f"checkpoint {where} is damaged: its {kind}s {missing} "
+                    f"are missing, {wrong} have other shapes than its network's"
+                )
         state = contents.loop_state
-        for key, here in (("num_devices", len(self.contexts)),
-                          ("update_on_kvstore", update_on_kvstore),
-                          ("batch_size", manager.batch_size)):
+        for key, here in (
+            ("num_devices", len(self.contexts)),
+            ("update_on_kvstore", update_on_kvstore),
+            ("batch_size", manager.batch_size),
+        ):
             if key in state and state[key] != here:
-                raise ResumeError(f"checkpoint {where} was saved with {key}={state[key]}, this "
-                                  f"loop has {key}={here}; exact resumption needs the same. "
-                                  "Resume with the same setting, or start a new run from the "
-                                  "checkpoint's parameters (MainLoop(..., arg_params=...))")
+                raise ResumeError(
+                    f"checkpoint {where} was saved with {key}={state[key]}, this "
+                    f"loop has {key}={here}; exact resumption needs the same. "
+                    "Resume with the same setting, or start a new run from the "
+                    "checkpoint's parameters (MainLoop(..., arg_params=...))"
+                )
         if contents.optimizer_states is None and not (self._collective and update_on_kvstore):
-            raise CheckpointError(f"checkpoint {where} is damaged: it lacks optimizer.states "
-                                  "(the momentum and update counts)")
+            raise CheckpointError(
+                f"checkpoint {where} is damaged: it lacks optimizer.states "
+                "(the momentum and update counts)"
+            )
         self.data_position.check(state["data_position"], where)
 
     # -------------------------------------------------------------- profile
@@ -528,8 +592,12 @@ def _check_inputs(symbol: Any, train_data: Any, initializer: Any) -> None:
         raise TypeError(f"symbol must be an mx.sym.Symbol, not {type(symbol).__name__}")
     for attribute in ("provide_data", "provide_label", "reset"):
         if not hasattr(train_data, attribute):
-            raise TypeError(f"train_data must be an mx.io.DataIter (it has no {attribute}); "
-                            f"got {type(train_data).__name__}")
+            raise TypeError(
+                f"train_data must be an mx.io.DataIter (it has no {attribute}); "
+                f"got {type(train_data).__name__}"
+            )
     if initializer is not None and not isinstance(initializer, mx.init.Initializer):
-        raise TypeError(f"initializer must be an mx.init.Initializer such as mx.init.Xavier(), "
-                        f"not {type(initializer).__name__} ({initializer!r})")
+        raise TypeError(
+            f"initializer must be an mx.init.Initializer such as mx.init.Xavier(), "
+            f"not {type(initializer).__name__} ({initializer!r})"
+        )

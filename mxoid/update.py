@@ -8,11 +8,23 @@ sums them through it and runs one local updater per device
 loop in one call and returns an :class:`Update`: the optimizer, where it
 runs, where its states live, and the function the loop calls every batch.
 """
+
 from __future__ import annotations
 
 import functools
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Callable,
+    Dict,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+)
 
 import mxnet as mx
 
@@ -38,13 +50,23 @@ __all__ = [
 ]
 
 KVStoreLike = Union[None, str, mx.kvstore.KVStore]
-_KVSTORE_TYPES = ("local", "device", "nccl", "dist_sync", "dist_async", "dist_device_sync",
-                  "dist_device_async", "dist_sync_device", "dist_async_device", "dist")
+_KVSTORE_TYPES = (
+    "local",
+    "device",
+    "nccl",
+    "dist_sync",
+    "dist_async",
+    "dist_device_sync",
+    "dist_device_async",
+    "dist_sync_device",
+    "dist_async_device",
+    "dist",
+)
 
 
-def create_kvstore(kvstore: KVStoreLike, num_devices: int,
-                   update_on_kvstore: Optional[bool] = None
-                   ) -> Tuple[Optional[mx.kvstore.KVStore], bool]:
+def create_kvstore(
+    kvstore: KVStoreLike, num_devices: int, update_on_kvstore: Optional[bool] = None
+) -> Tuple[Optional[mx.kvstore.KVStore], bool]:
     """Create the kvstore and decide where the optimizer runs.
 
     Parameters
@@ -76,7 +98,8 @@ def create_kvstore(kvstore: KVStoreLike, num_devices: int,
         if num_devices > 1:
             raise ValueError(
                 f"kvstore=None with {num_devices} devices would train each device on its own "
-                "gradients; use kvstore='local' or 'device' to sum them")
+                "gradients; use kvstore='local' or 'device' to sum them"
+            )
         if update_on_kvstore:
             raise ValueError("update_on_kvstore=True needs a kvstore; pass kvstore='local'")
         return None, False
@@ -84,23 +107,33 @@ def create_kvstore(kvstore: KVStoreLike, num_devices: int,
         kv = kvstore
     elif isinstance(kvstore, str):
         if kvstore not in _KVSTORE_TYPES:
-            raise ValueError(f"unknown kvstore {kvstore!r}; use one of {list(_KVSTORE_TYPES)}, "
-                             "None, or an mx.kv.KVStore")
+            raise ValueError(
+                f"unknown kvstore {kvstore!r}; use one of {list(_KVSTORE_TYPES)}, "
+                "None, or an mx.kv.KVStore"
+            )
         if num_devices == 1 and "dist" not in kvstore and not update_on_kvstore:
             return None, False
         kv = mx.kv.create(kvstore)
     else:
-        raise TypeError(f"kvstore must be None, a str or an mx.kv.KVStore, not {type(kvstore).__name__}")
+        raise TypeError(
+            f"kvstore must be None, a str or an mx.kv.KVStore, not {type(kvstore).__name__}"
+        )
     if update_on_kvstore is None:
         update_on_kvstore = True
     return kv, bool(update_on_kvstore)
 
 
-def create_optimizer(optimizer: Union[str, mx.optimizer.Optimizer],
-                     optimizer_params: Optional[Dict[str, object]], *,
-                     symbol: mx.sym.Symbol, param_names: Sequence[str], num_devices: int,
-                     batch_size: int, kvstore: Optional[mx.kvstore.KVStore],
-                     update_on_kvstore: bool) -> mx.optimizer.Optimizer:
+def create_optimizer(
+    optimizer: Union[str, mx.optimizer.Optimizer],
+    optimizer_params: Optional[Dict[str, object]],
+    *,
+    symbol: mx.sym.Symbol,
+    param_names: Sequence[str],
+    num_devices: int,
+    batch_size: int,
+    kvstore: Optional[mx.kvstore.KVStore],
+    update_on_kvstore: bool,
+) -> mx.optimizer.Optimizer:
     """Create the optimizer with the gradient rescaling and index-to-name map MXNet expects.
 
     Gradients are summed over the batch (and, with ``dist_sync``, over the
@@ -112,16 +145,20 @@ def create_optimizer(optimizer: Union[str, mx.optimizer.Optimizer],
     if update_on_kvstore:
         idx2name = dict(enumerate(param_names))
     else:
-        idx2name = {i * num_devices + k: name
-                    for i, name in enumerate(param_names) for k in range(num_devices)}
+        idx2name = {
+            i * num_devices + k: name
+            for i, name in enumerate(param_names)
+            for k in range(num_devices)
+        }
     synchronous = is_distributed(kvstore) and not is_asynchronous(kvstore)
     workers = kvstore.num_workers if synchronous else 1
     rescale_grad = 1.0 / (batch_size * workers)
     if isinstance(optimizer, mx.optimizer.Optimizer):
         return _adopt_optimizer(optimizer, idx2name, symbol, rescale_grad)
     if not isinstance(optimizer, str):
-        raise TypeError(f"optimizer must be a name or an mx.optimizer.Optimizer, "
-                        f"not {type(optimizer).__name__}")
+        raise TypeError(
+            f"optimizer must be a name or an mx.optimizer.Optimizer, not {type(optimizer).__name__}"
+        )
     params = dict(optimizer_params or {})
     if "rescale_grad" not in params:
         params["rescale_grad"] = rescale_grad
@@ -131,11 +168,17 @@ def create_optimizer(optimizer: Union[str, mx.optimizer.Optimizer],
     try:
         return mx.optimizer.create(optimizer, sym=symbol, param_idx2name=idx2name, **params)
     except TypeError as error:
-        raise ValueError(f"optimizer {optimizer!r} rejects optimizer_params {params}: {error}") from None
+        raise ValueError(
+            f"optimizer {optimizer!r} rejects optimizer_params {params}: {error}"
+        ) from None
 
 
-def _adopt_optimizer(optimizer: mx.optimizer.Optimizer, idx2name: Dict[int, str],
-                     symbol: mx.sym.Symbol, rescale_grad: float) -> mx.optimizer.Optimizer:
+def _adopt_optimizer(
+    optimizer: mx.optimizer.Optimizer,
+    idx2name: Dict[int, str],
+    symbol: mx.sym.Symbol,
+    rescale_grad: float,
+) -> mx.optimizer.Optimizer:
     """Use an optimizer the user created, as ``Module.init_optimizer`` does, keeping its
     multipliers.
 
@@ -146,20 +189,27 @@ def _adopt_optimizer(optimizer: mx.optimizer.Optimizer, idx2name: Dict[int, str]
     gets the warning ``Module`` gives.
     """
     if optimizer.rescale_grad != rescale_grad:
-        warnings.warn(f"Optimizer created manually outside MainLoop but rescale_grad is not "
-                      f"normalized to 1.0/batch_size/num_workers ({optimizer.rescale_grad} vs. "
-                      f"{rescale_grad}). Is this intended?", stacklevel=3)
+        warnings.warn(
+            f"Optimizer created manually outside MainLoop but rescale_grad is not "
+            f"normalized to 1.0/batch_size/num_workers ({optimizer.rescale_grad} vs. "
+            f"{rescale_grad}). Is this intended?",
+            stacklevel=3,
+        )
     optimizer.idx2name = idx2name.copy()
     attributes = symbol.attr_dict()
     for name in set(idx2name.values()):
-        for key, multipliers in (("__lr_mult__", optimizer.lr_mult),
-                                 ("__wd_mult__", optimizer.wd_mult)):
+        for key, multipliers in (
+            ("__lr_mult__", optimizer.lr_mult),
+            ("__wd_mult__", optimizer.wd_mult),
+        ):
             if key in attributes.get(name, {}) and name not in multipliers:
                 multipliers[name] = float(attributes[name][key])
     return optimizer
 
 
-def kvstore_keys(kvstore: Optional[mx.kvstore.KVStore], param_names: Sequence[str]) -> List[Union[int, str]]:
+def kvstore_keys(
+    kvstore: Optional[mx.kvstore.KVStore], param_names: Sequence[str]
+) -> List[Union[int, str]]:
     """The kvstore key of each parameter: its index on one machine, its name when distributed.
 
     Integer keys spare the string conversions of every push and pull; the
@@ -171,10 +221,14 @@ def kvstore_keys(kvstore: Optional[mx.kvstore.KVStore], param_names: Sequence[st
     return list(range(len(param_names)))
 
 
-def initialize_kvstore(kvstore: mx.kvstore.KVStore, param_arrays: List[List[mx.nd.NDArray]],
-                       arg_params: Dict[str, mx.nd.NDArray], param_names: Sequence[str],
-                       update_on_kvstore: bool,
-                       keys: Optional[Sequence[Union[int, str]]] = None) -> None:
+def initialize_kvstore(
+    kvstore: mx.kvstore.KVStore,
+    param_arrays: List[List[mx.nd.NDArray]],
+    arg_params: Dict[str, mx.nd.NDArray],
+    param_names: Sequence[str],
+    update_on_kvstore: bool,
+    keys: Optional[Sequence[Union[int, str]]] = None,
+) -> None:
     """Put every parameter on the kvstore, in ``param_names`` order.
 
     The order matters: the kvstore numbers keys in the order they are first
@@ -194,10 +248,12 @@ def initialize_kvstore(kvstore: mx.kvstore.KVStore, param_arrays: List[List[mx.n
             kvstore.pull(key, out=arrays, priority=0)
 
 
-def update_params_on_kvstore(param_arrays: List[List[mx.nd.NDArray]],
-                             grad_arrays: List[List[mx.nd.NDArray]],
-                             kvstore: mx.kvstore.KVStore,
-                             keys: Sequence[Union[int, str]]) -> None:
+def update_params_on_kvstore(
+    param_arrays: List[List[mx.nd.NDArray]],
+    grad_arrays: List[List[mx.nd.NDArray]],
+    kvstore: mx.kvstore.KVStore,
+    keys: Sequence[Union[int, str]],
+) -> None:
     """Push each parameter's gradients to the kvstore, which updates it, and pull it back.
 
     ``keys`` are the parameters' kvstore keys, as given to :func:`initialize_kvstore`.
@@ -206,14 +262,23 @@ def update_params_on_kvstore(param_arrays: List[List[mx.nd.NDArray]],
         kvstore.pushpull(key, grads, out=params, priority=-index)
 
 
-def local_update(param_arrays: List[List[mx.nd.NDArray]], grad_arrays: List[List[mx.nd.NDArray]],
-                 updater: Callable, num_devices: int,
-                 kvstore: Optional[mx.kvstore.KVStore] = None,
-                 keys: Optional[Sequence[Union[int, str]]] = None) -> Callable[[], None]:
+def local_update(
+    param_arrays: List[List[mx.nd.NDArray]],
+    grad_arrays: List[List[mx.nd.NDArray]],
+    updater: Callable,
+    num_devices: int,
+    kvstore: Optional[mx.kvstore.KVStore] = None,
+    keys: Optional[Sequence[Union[int, str]]] = None,
+) -> Callable[[], None]:
     """Return a function doing :func:`update_params` with these arrays, its lists built once."""
-    per_device = [([i * num_devices + k for i in range(len(param_arrays))],
-                   [grads[k] for grads in grad_arrays], [params[k] for params in param_arrays])
-                  for k in range(num_devices)]
+    per_device = [
+        (
+            [i * num_devices + k for i in range(len(param_arrays))],
+            [grads[k] for grads in grad_arrays],
+            [params[k] for params in param_arrays],
+        )
+        for k in range(num_devices)
+    ]
     summed = list(zip(keys, grad_arrays)) if kvstore is not None else []
 
     def update() -> None:
@@ -222,13 +287,18 @@ def local_update(param_arrays: List[List[mx.nd.NDArray]], grad_arrays: List[List
         for indices, device_grads, weights in per_device:
             if indices:
                 updater(indices, device_grads, weights)
+
     return update
 
 
-def update_params(param_arrays: List[List[mx.nd.NDArray]], grad_arrays: List[List[mx.nd.NDArray]],
-                  updater: Callable, num_devices: int,
-                  kvstore: Optional[mx.kvstore.KVStore] = None,
-                  keys: Optional[Sequence[Union[int, str]]] = None) -> None:
+def update_params(
+    param_arrays: List[List[mx.nd.NDArray]],
+    grad_arrays: List[List[mx.nd.NDArray]],
+    updater: Callable,
+    num_devices: int,
+    kvstore: Optional[mx.kvstore.KVStore] = None,
+    keys: Optional[Sequence[Union[int, str]]] = None,
+) -> None:
     """Update the parameters on each device with a local updater.
 
     With a kvstore, the gradients of all devices (and workers) are first
@@ -244,8 +314,15 @@ def update_params(param_arrays: List[List[mx.nd.NDArray]], grad_arrays: List[Lis
     local_update(param_arrays, grad_arrays, updater, num_devices, kvstore, keys)()
 
 
-_NOT_SETTINGS = ("begin_num_update", "num_update", "idx2name", "sym_info", "param_dict",
-                 "aggregate_num", "allow_np_array")
+_NOT_SETTINGS = (
+    "begin_num_update",
+    "num_update",
+    "idx2name",
+    "sym_info",
+    "param_dict",
+    "aggregate_num",
+    "allow_np_array",
+)
 
 
 def optimizer_settings(optimizer: mx.optimizer.Optimizer) -> Dict[str, Any]:
@@ -283,9 +360,14 @@ class Update:
         and updates the parameters on every device.
     """
 
-    def __init__(self, kvstore: Optional[mx.kvstore.KVStore], update_on_kvstore: bool,
-                 optimizer: mx.optimizer.Optimizer, updater: Optional[mx.optimizer.Updater],
-                 step: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        kvstore: Optional[mx.kvstore.KVStore],
+        update_on_kvstore: bool,
+        optimizer: mx.optimizer.Optimizer,
+        updater: Optional[mx.optimizer.Updater],
+        step: Callable[[], None],
+    ) -> None:
         self.kvstore = kvstore
         self.update_on_kvstore = update_on_kvstore
         self.optimizer = optimizer
@@ -326,15 +408,18 @@ class Update:
                 f"checkpoint {where} was trained with the optimizer {type(restored).__name__}, "
                 f"this loop has {given['type']}; its states (momentum, moments) do not fit "
                 f"another optimizer. Resume with optimizer={type(restored).__name__.lower()!r}, "
-                "or start a new run from the checkpoint's parameters")
+                "or start a new run from the checkpoint's parameters"
+            )
         changes = []
         for name, value in given["settings"].items():
             before = started.get(name, value)
             if before == value:
                 continue
             if name == "lr_scheduler":
-                changes.append(f"the optimizer's lr_scheduler changed ({before} -> {value}); "
-                               "the checkpoint's scheduler and its state are kept")
+                changes.append(
+                    f"the optimizer's lr_scheduler changed ({before} -> {value}); "
+                    "the checkpoint's scheduler and its state are kept"
+                )
                 continue
             current = getattr(restored, name, None)
             if name in ("lr_mult", "wd_mult"):
@@ -344,9 +429,11 @@ class Update:
                 restored.lr_scheduler.base_lr = value
             else:
                 setattr(restored, name, value)
-            changes.append(f"the optimizer's {name}={value!r} given to this MainLoop (the run "
-                           f"started with {before!r}, and had {current!r} when saved); its "
-                           "state is kept")
+            changes.append(
+                f"the optimizer's {name}={value!r} given to this MainLoop (the run "
+                f"started with {before!r}, and had {current!r} when saved); its "
+                "state is kept"
+            )
         restored.idx2name = self.optimizer.idx2name.copy()
         self.optimizer = restored
         if hasattr(updater, "_plans"):
@@ -354,11 +441,15 @@ class Update:
         return changes
 
 
-def prepare_update(manager: "DataParallelExecutorManager", symbol: mx.sym.Symbol,
-                   kvstore: Optional[mx.kvstore.KVStore], update_on_kvstore: bool,
-                   optimizer: Union[str, mx.optimizer.Optimizer],
-                   optimizer_params: Optional[Dict[str, object]],
-                   arg_params: Dict[str, mx.nd.NDArray]) -> Update:
+def prepare_update(
+    manager: "DataParallelExecutorManager",
+    symbol: mx.sym.Symbol,
+    kvstore: Optional[mx.kvstore.KVStore],
+    update_on_kvstore: bool,
+    optimizer: Union[str, mx.optimizer.Optimizer],
+    optimizer_params: Optional[Dict[str, object]],
+    arg_params: Dict[str, mx.nd.NDArray],
+) -> Update:
     """Set up the optimizer step: the optimizer, the kvstore's contents, the updater.
 
     Call it once the devices hold the initial parameters (``arg_params``, host
@@ -367,24 +458,34 @@ def prepare_update(manager: "DataParallelExecutorManager", symbol: mx.sym.Symbol
     call). On one machine an updating kvstore gets mxoid's faster updater.
     """
     optimizer = create_optimizer(
-        optimizer, optimizer_params, symbol=symbol, param_names=manager.param_names,
-        num_devices=len(manager.contexts), batch_size=manager.batch_size, kvstore=kvstore,
-        update_on_kvstore=update_on_kvstore)
+        optimizer,
+        optimizer_params,
+        symbol=symbol,
+        param_names=manager.param_names,
+        num_devices=len(manager.contexts),
+        batch_size=manager.batch_size,
+        kvstore=kvstore,
+        update_on_kvstore=update_on_kvstore,
+    )
     keys = kvstore_keys(kvstore, manager.param_names)
     updater = None if update_on_kvstore else create_updater(optimizer)
     if kvstore is not None:
-        initialize_kvstore(kvstore, manager.param_arrays, arg_params, manager.param_names,
-                           update_on_kvstore, keys)
+        initialize_kvstore(
+            kvstore, manager.param_arrays, arg_params, manager.param_names, update_on_kvstore, keys
+        )
         if is_distributed(kvstore):
-            set_server_optimizer(kvstore, optimizer if update_on_kvstore else None,
-                                 len(manager.param_names))
+            set_server_optimizer(
+                kvstore, optimizer if update_on_kvstore else None, len(manager.param_names)
+            )
         elif update_on_kvstore:
             # What kvstore.set_optimizer does on one machine, with the faster updater.
             kvstore._set_updater(create_updater(optimizer))
     if update_on_kvstore:
-        step = functools.partial(update_params_on_kvstore, manager.param_arrays,
-                                 manager.grad_arrays, kvstore, keys)
+        step = functools.partial(
+            update_params_on_kvstore, manager.param_arrays, manager.grad_arrays, kvstore, keys
+        )
     else:
-        step = local_update(manager.param_arrays, manager.grad_arrays, updater,
-                            len(manager.contexts), kvstore, keys)
+        step = local_update(
+            manager.param_arrays, manager.grad_arrays, updater, len(manager.contexts), kvstore, keys
+        )
     return Update(kvstore, update_on_kvstore, optimizer, updater, step)

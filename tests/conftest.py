@@ -1,4 +1,5 @@
 """Shared fixtures: small networks and data made with a fixed seed."""
+
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -14,8 +15,11 @@ TWO_CPUS = [mx.cpu(0), mx.cpu(1)]
 def mlp(num_hidden: int = 16, num_classes: int = 3) -> mx.sym.Symbol:
     """A two-layer perceptron with a softmax output named 'softmax'."""
     data = mx.sym.Variable("data")
-    hidden = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=num_hidden, name="fc1"),
-                               act_type="relu", name="relu1")
+    hidden = mx.sym.Activation(
+        mx.sym.FullyConnected(data, num_hidden=num_hidden, name="fc1"),
+        act_type="relu",
+        name="relu1",
+    )
     logits = mx.sym.FullyConnected(hidden, num_hidden=num_classes, name="fc2")
     return mx.sym.SoftmaxOutput(logits, name="softmax")
 
@@ -23,12 +27,15 @@ def mlp(num_hidden: int = 16, num_classes: int = 3) -> mx.sym.Symbol:
 def two_heads(num_hidden: int = 16, num_classes: int = 3) -> mx.sym.Symbol:
     """A network with a softmax head 'softmax' and a linear-regression head 'reg'."""
     data = mx.sym.Variable("data")
-    hidden = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=num_hidden, name="fc1"),
-                               act_type="tanh")
-    cls = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(hidden, num_hidden=num_classes, name="cls"),
-                               name="softmax")
-    reg = mx.sym.LinearRegressionOutput(mx.sym.FullyConnected(hidden, num_hidden=1, name="regfc"),
-                                        name="reg")
+    hidden = mx.sym.Activation(
+        mx.sym.FullyConnected(data, num_hidden=num_hidden, name="fc1"), act_type="tanh"
+    )
+    cls = mx.sym.SoftmaxOutput(
+        mx.sym.FullyConnected(hidden, num_hidden=num_classes, name="cls"), name="softmax"
+    )
+    reg = mx.sym.LinearRegressionOutput(
+        mx.sym.FullyConnected(hidden, num_hidden=1, name="regfc"), name="reg"
+    )
     return mx.sym.Group([cls, reg])
 
 

@@ -8,6 +8,7 @@ depthwise convolutions (``mobilenet.py``: convolution, BatchNorm with
 ``fix_gamma=True``, ReLU), and a LeNet with Dropout. All take 1x8x8 images:
 scikit-learn's digits (shipped with the package, nothing to download).
 """
+
 import mxnet as mx
 import numpy as np
 
@@ -17,21 +18,43 @@ NETWORKS = ("resnet", "mobilenet", "dropout")
 
 
 def _residual_unit(data, num_filter, stride, dim_match, name):
-    bn1 = mx.sym.BatchNorm(data, fix_gamma=False, eps=BN_EPS, momentum=BN_MOMENTUM,
-                           name=name + "_bn1")
+    bn1 = mx.sym.BatchNorm(
+        data, fix_gamma=False, eps=BN_EPS, momentum=BN_MOMENTUM, name=name + "_bn1"
+    )
     act1 = mx.sym.Activation(bn1, act_type="relu", name=name + "_relu1")
-    conv1 = mx.sym.Convolution(act1, num_filter=num_filter, kernel=(3, 3), stride=stride,
-                               pad=(1, 1), no_bias=True, name=name + "_conv1")
-    bn2 = mx.sym.BatchNorm(conv1, fix_gamma=False, eps=BN_EPS, momentum=BN_MOMENTUM,
-                           name=name + "_bn2")
+    conv1 = mx.sym.Convolution(
+        act1,
+        num_filter=num_filter,
+        kernel=(3, 3),
+        stride=stride,
+        pad=(1, 1),
+        no_bias=True,
+        name=name + "_conv1",
+    )
+    bn2 = mx.sym.BatchNorm(
+        conv1, fix_gamma=False, eps=BN_EPS, momentum=BN_MOMENTUM, name=name + "_bn2"
+    )
     act2 = mx.sym.Activation(bn2, act_type="relu", name=name + "_relu2")
-    conv2 = mx.sym.Convolution(act2, num_filter=num_filter, kernel=(3, 3), stride=(1, 1),
-                               pad=(1, 1), no_bias=True, name=name + "_conv2")
+    conv2 = mx.sym.Convolution(
+        act2,
+        num_filter=num_filter,
+        kernel=(3, 3),
+        stride=(1, 1),
+        pad=(1, 1),
+        no_bias=True,
+        name=name + "_conv2",
+    )
     if dim_match:
         shortcut = data
     else:
-        shortcut = mx.sym.Convolution(act1, num_filter=num_filter, kernel=(1, 1), stride=stride,
-                                      no_bias=True, name=name + "_sc")
+        shortcut = mx.sym.Convolution(
+            act1,
+            num_filter=num_filter,
+            kernel=(1, 1),
+            stride=stride,
+            no_bias=True,
+            name=name + "_sc",
+        )
     return conv2 + shortcut
 
 
@@ -45,13 +68,15 @@ def resnet(num_classes=10, units=(1, 1), filters=(8, 8, 16)):
     """
     data = mx.sym.Variable("data")
     body = mx.sym.BatchNorm(data, fix_gamma=True, eps=BN_EPS, momentum=BN_MOMENTUM, name="bn_data")
-    body = mx.sym.Convolution(body, num_filter=filters[0], kernel=(3, 3), pad=(1, 1),
-                              no_bias=True, name="conv0")
+    body = mx.sym.Convolution(
+        body, num_filter=filters[0], kernel=(3, 3), pad=(1, 1), no_bias=True, name="conv0"
+    )
     for stage, count in enumerate(units):
         for unit in range(count):
             stride = (2, 2) if stage > 0 and unit == 0 else (1, 1)
-            body = _residual_unit(body, filters[stage + 1], stride, unit > 0,
-                                  f"stage{stage + 1}_unit{unit + 1}")
+            body = _residual_unit(
+                body, filters[stage + 1], stride, unit > 0, f"stage{stage + 1}_unit{unit + 1}"
+            )
     body = mx.sym.BatchNorm(body, fix_gamma=False, eps=BN_EPS, momentum=BN_MOMENTUM, name="bn1")
     body = mx.sym.Activation(body, act_type="relu", name="relu1")
     body = mx.sym.Pooling(body, global_pool=True, kernel=(7, 7), pool_type="avg", name="pool1")
@@ -64,10 +89,17 @@ def resnet20(num_classes=10):
     return resnet(num_classes, units=(3, 3, 3), filters=(16, 16, 32, 64))
 
 
-def _conv_bn_relu(data, num_filter, kernel=(1, 1), stride=(1, 1), pad=(0, 0), num_group=1,
-                  name=""):
-    conv = mx.sym.Convolution(data, num_filter=num_filter, kernel=kernel, stride=stride, pad=pad,
-                              num_group=num_group, no_bias=True, name=name + "_conv")
+def _conv_bn_relu(data, num_filter, kernel=(1, 1), stride=(1, 1), pad=(0, 0), num_group=1, name=""):
+    conv = mx.sym.Convolution(
+        data,
+        num_filter=num_filter,
+        kernel=kernel,
+        stride=stride,
+        pad=pad,
+        num_group=num_group,
+        no_bias=True,
+        name=name + "_conv",
+    )
     bn = mx.sym.BatchNorm(conv, fix_gamma=True, name=name + "_bn")
     return mx.sym.Activation(bn, act_type="relu", name=name + "_relu")
 
@@ -78,8 +110,15 @@ def mobilenet(num_classes=10, width=8):
     body = _conv_bn_relu(data, width, kernel=(3, 3), pad=(1, 1), name="conv1")
     for index, (channels, stride) in enumerate(((width, 1), (2 * width, 2), (2 * width, 1))):
         inputs = width if index == 0 else (width if index == 1 else 2 * width)
-        body = _conv_bn_relu(body, inputs, kernel=(3, 3), stride=(stride, stride), pad=(1, 1),
-                             num_group=inputs, name=f"conv{index + 2}_dw")
+        body = _conv_bn_relu(
+            body,
+            inputs,
+            kernel=(3, 3),
+            stride=(stride, stride),
+            pad=(1, 1),
+            num_group=inputs,
+            name=f"conv{index + 2}_dw",
+        )
         body = _conv_bn_relu(body, channels, name=f"conv{index + 2}_pw")
     body = mx.sym.Pooling(body, global_pool=True, kernel=(4, 4), pool_type="avg", name="pool")
     fc = mx.sym.FullyConnected(mx.sym.Flatten(body), num_hidden=num_classes, name="fc")
@@ -93,8 +132,9 @@ def dropout_lenet(num_classes=10, p=0.5):
     act = mx.sym.Activation(conv, act_type="tanh", name="tanh1")
     pool = mx.sym.Pooling(act, pool_type="max", kernel=(2, 2), stride=(2, 2), name="pool1")
     drop1 = mx.sym.Dropout(mx.sym.Flatten(pool), p=p, name="drop1")
-    fc1 = mx.sym.Activation(mx.sym.FullyConnected(drop1, num_hidden=32, name="fc1"),
-                            act_type="tanh", name="tanh2")
+    fc1 = mx.sym.Activation(
+        mx.sym.FullyConnected(drop1, num_hidden=32, name="fc1"), act_type="tanh", name="tanh2"
+    )
     drop2 = mx.sym.Dropout(fc1, p=p, name="drop2")
     fc2 = mx.sym.FullyConnected(drop2, num_hidden=num_classes, name="fc2")
     return mx.sym.SoftmaxOutput(fc2, name="softmax")
@@ -126,8 +166,10 @@ def fix_gamma_names(symbol):
     for name, attrs in config.items():
         if name.endswith("_gamma"):
             continue
-        if attrs.get("fix_gamma", "True") in ("True", "true", "1") and f"{name}_gamma" in \
-                symbol.list_arguments():
+        if (
+            attrs.get("fix_gamma", "True") in ("True", "true", "1")
+            and f"{name}_gamma" in symbol.list_arguments()
+        ):
             names.append(f"{name}_gamma")
     return sorted(names)
 
@@ -148,6 +190,8 @@ def initial_params(symbol, data_shape, seed=1):
             fan_in = int(np.prod(shape[1:])) if len(shape) > 1 else shape[0]
             scale = np.sqrt(3.0 / fan_in)
             args[name] = mx.nd.array(rng.uniform(-scale, scale, shape))
-    aux = {name: (mx.nd.zeros(shape) if name.endswith("moving_mean") else mx.nd.ones(shape))
-           for name, shape in zip(symbol.list_auxiliary_states(), aux_shapes)}
+    aux = {
+        name: (mx.nd.zeros(shape) if name.endswith("moving_mean") else mx.nd.ones(shape))
+        for name, shape in zip(symbol.list_auxiliary_states(), aux_shapes)
+    }
     return args, aux

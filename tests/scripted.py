@@ -1,4 +1,5 @@
 """Helpers for extension tests: a small loop, and an extension writing scripted records."""
+
 import mxnet as mx
 
 from mxoid import Extension, MainLoop
@@ -6,16 +7,28 @@ from mxoid import Extension, MainLoop
 from conftest import classification_data, initial_params, mlp
 
 
-def small_loop(extensions, n=100, batch_size=25, learning_rate=0.1, contexts=None,
-               optimizer_params=None, **kwargs):
+def small_loop(
+    extensions,
+    n=100,
+    batch_size=25,
+    learning_rate=0.1,
+    contexts=None,
+    optimizer_params=None,
+    **kwargs,
+):
     """A MainLoop on the conftest MLP: n samples, n / batch_size batches per epoch, plain SGD."""
     X, y = classification_data(n=n)
     data = mx.io.NDArrayIter(X, y, batch_size=batch_size, label_name="softmax_label")
     net = mlp()
-    return MainLoop(net, data, contexts=contexts, arg_params=initial_params(net, (batch_size, 10)),
-                    optimizer_params=optimizer_params or {"learning_rate": learning_rate},
-                    extensions=extensions,
-                    **kwargs)
+    return MainLoop(
+        net,
+        data,
+        contexts=contexts,
+        arg_params=initial_params(net, (batch_size, 10)),
+        optimizer_params=optimizer_params or {"learning_rate": learning_rate},
+        extensions=extensions,
+        **kwargs,
+    )
 
 
 class Script(Extension):

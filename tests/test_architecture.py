@@ -1,4 +1,5 @@
 """The package's structure: folders by concern, one-way imports, old paths that still work."""
+
 import ast
 import importlib
 import subprocess
@@ -11,8 +12,19 @@ import pytest
 import mxoid
 
 PACKAGE = Path(mxoid.__file__).parent
-TOP_LEVEL = {"__init__", "__main__", "cli", "errors", "executor_manager", "fused_updater",
-             "initialization", "interrupt", "launch", "main_loop", "update"}
+TOP_LEVEL = {
+    "__init__",
+    "__main__",
+    "cli",
+    "errors",
+    "executor_manager",
+    "fused_updater",
+    "initialization",
+    "interrupt",
+    "launch",
+    "main_loop",
+    "update",
+}
 FOLDERS = {"checkpoint", "distributed", "extensions", "log", "metrics"}
 
 
@@ -39,7 +51,7 @@ def imports(path):
             base = node.module or ""
             if node.level:
                 anchor = package.split(".")
-                anchor = anchor[:len(anchor) - node.level + 1]
+                anchor = anchor[: len(anchor) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
@@ -86,9 +98,11 @@ def test_runtime_imports_have_no_circle():
             # A package importing its own submodules is how packages are made.
             if target.startswith(module + "."):
                 continue
-            assert not reaches({m: {t for t in ts if not t.startswith(m + ".")}
-                                for m, ts in runtime.items()}, target, module), \
-                f"import circle: {module} -> {target} -> ... -> {module}"
+            assert not reaches(
+                {m: {t for t in ts if not t.startswith(m + ".")} for m, ts in runtime.items()},
+                target,
+                module,
+            ), f"import circle: {module} -> {target} -> ... -> {module}"
 
 
 def test_the_only_type_only_reference_back_is_from_the_extension_api_to_the_loop():
@@ -96,8 +110,9 @@ def test_the_only_type_only_reference_back_is_from_the_extension_api_to_the_loop
     for module, targets in type_only.items():
         for target in targets:
             if reaches(runtime, target, module):
-                assert module.startswith("mxoid.extensions.") and target == "mxoid.main_loop", \
+                assert module.startswith("mxoid.extensions.") and target == "mxoid.main_loop", (
                     f"{module} refers back to {target}"
+                )
 
 
 def test_the_public_names_are_written_once_and_import():
@@ -122,8 +137,9 @@ def test_old_module_paths_still_import_with_a_warning_naming_the_new_one(old, ne
 
 
 def test_python_dash_m_mxoid_launch_still_runs():
-    done = subprocess.run([sys.executable, "-m", "mxoid.launch", "--help"], capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "mxoid.launch", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert done.returncode == 0 and "--stall-timeout" in done.stdout
     with warnings.catch_warnings():
         warnings.simplefilter("error")

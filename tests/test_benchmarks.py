@@ -4,6 +4,7 @@
 process, tiny epochs) on one and two contexts and runs the micro-benchmark.
 Only correctness is asserted here; speed lives in the benchmark's output.
 """
+
 import json
 import os
 import subprocess
@@ -22,8 +23,12 @@ import run as benchmark  # noqa: E402  (the runner imports no MXNet)
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     path = tmp_path_factory.mktemp("benchmark") / "check.json"
-    completed = subprocess.run([sys.executable, RUN, "--check", "--quiet", "--json", str(path)],
-                               capture_output=True, text=True, timeout=600)
+    completed = subprocess.run(
+        [sys.executable, RUN, "--check", "--quiet", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
     with open(path) as f:
         return json.load(f), completed.stdout
@@ -61,10 +66,17 @@ def test_training_moved_the_parameters(tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import contenders
     import mxnet as mx
+
     X, y = contenders.make_data("mlp", 64)
     train = mx.io.NDArrayIter(X, y, batch_size=32, label_name="softmax_label")
-    spec = {"model": "mlp", "batch_size": 32, "contexts": 1, "epochs": 1,
-            "workdir": str(tmp_path), "notes": []}
+    spec = {
+        "model": "mlp",
+        "batch_size": 32,
+        "contexts": 1,
+        "epochs": 1,
+        "workdir": str(tmp_path),
+        "notes": [],
+    }
     init = contenders.initial_params("mlp")
     params = contenders.hand_loop(spec, train, init, contenders.EpochClock())
     assert not np.allclose(params["fc1_weight"], init["fc1_weight"], atol=1e-4)
@@ -82,6 +94,7 @@ def test_micro_benchmark_reports_dispatch_and_per_batch_costs(report):
 def test_module_fit_without_metric_really_computes_none():
     """The 'no metric' contender's metric is an empty CompositeEvalMetric: nothing to sync."""
     import mxnet as mx
+
     metric = mx.metric.CompositeEvalMetric()
     metric.update_dict({"softmax_label": mx.nd.zeros(2)}, {"softmax_output": mx.nd.zeros((2, 3))})
     assert metric.get_name_value() == []

@@ -1,4 +1,5 @@
 """Checkpoints: exact resumption, atomic writes, signals, damage, MXNet compatibility."""
+
 import json
 import os
 import select
@@ -20,8 +21,16 @@ from conftest import TWO_CPUS, classification_data, initial_params, mlp
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "train_checkpointed.py")
 
 
-def make_loop(directory, stop, *, optimizer="adam", resume=False, contexts=TWO_CPUS,
-              iterator_factory=None, extra=()):
+def make_loop(
+    directory,
+    stop,
+    *,
+    optimizer="adam",
+    resume=False,
+    contexts=TWO_CPUS,
+    iterator_factory=None,
+    extra=(),
+):
     X, y = classification_data(n=200)
     np.random.seed(5)
     if iterator_factory is None:
@@ -29,11 +38,19 @@ def make_loop(directory, stop, *, optimizer="adam", resume=False, contexts=TWO_C
     else:
         train = iterator_factory(X, y)
     net = mlp()
-    params = {"learning_rate": 0.01} if optimizer == "adam" else {"learning_rate": 0.1, "momentum": 0.9}
-    return MainLoop(net, train, contexts=contexts, optimizer=optimizer, optimizer_params=params,
-                    arg_params=initial_params(net, (20, 10)),
-                    extensions=[stop, Checkpoint(str(directory), every_n_batches=3), *extra],
-                    resume_from=str(directory) if resume else None)
+    params = (
+        {"learning_rate": 0.01} if optimizer == "adam" else {"learning_rate": 0.1, "momentum": 0.9}
+    )
+    return MainLoop(
+        net,
+        train,
+        contexts=contexts,
+        optimizer=optimizer,
+        optimizer_params=params,
+        arg_params=initial_params(net, (20, 10)),
+        extensions=[stop, Checkpoint(str(directory), every_n_batches=3), *extra],
+        resume_from=str(directory) if resume else None,
+    )
 
 
 def leftovers(directory):
@@ -59,8 +76,10 @@ def comparable_log(loop):
     """
     rows = {}
     for iteration, row in loop.log.items():
-        rows[iteration] = {k: (os.path.basename(v).split("-", 2)[2] if k == "checkpoint_saved_to"
-                               else v) for k, v in row.items()}
+        rows[iteration] = {
+            k: (os.path.basename(v).split("-", 2)[2] if k == "checkpoint_saved_to" else v)
+            for k, v in row.items()
+        }
     return rows
 
 
@@ -68,22 +87,34 @@ def monitoring():
     """Stateful extensions whose records must come out the same after resumption."""
     X, y = classification_data(n=60, seed=7)
     valid = mx.io.NDArrayIter(X, y, batch_size=25, label_name="softmax_label")
-    return [TrainingMonitoring(["acc", "ce"], every_n_batches=7),
-            Evaluate({"valid": valid}, ["acc", "ce"]),
-            TrackBest("valid_cross_entropy", mode="min"),
-            EarlyStopping("valid_accuracy", patience=10, mode="max", min_delta=0.5)]
+    return [
+        TrainingMonitoring(["acc", "ce"], every_n_batches=7),
+        Evaluate({"valid": valid}, ["acc", "ce"]),
+        TrackBest("valid_cross_entropy", mode="min"),
+        EarlyStopping("valid_accuracy", patience=10, mode="max", min_delta=0.5),
+    ]
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 @pytest.mark.parametrize("stop_after_batches", [20, 25])  # 20: epoch boundary, 25: mid-epoch
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, optimizer, stop_after_batches):
-    full = make_loop(tmp_path / "full", FinishAfter(after_n_epochs=4), optimizer=optimizer,
-                     extra=monitoring()).run()
-    make_loop(tmp_path / "cut", FinishAfter(after_n_batches=stop_after_batches),
-              optimizer=optimizer, extra=monitoring()).run()
+    full = make_loop(
+        tmp_path / "full", FinishAfter(after_n_epochs=4), optimizer=optimizer, extra=monitoring()
+    ).run()
+    make_loop(
+        tmp_path / "cut",
+        FinishAfter(after_n_batches=stop_after_batches),
+        optimizer=optimizer,
+        extra=monitoring(),
+    ).run()
     np.random.seed(1234)  # whatever happened in between, resumption restores the random state
-    resumed = make_loop(tmp_path / "cut", FinishAfter(after_n_epochs=4), optimizer=optimizer,
-                        resume=True, extra=monitoring())
+    resumed = make_loop(
+        tmp_path / "cut",
+        FinishAfter(after_n_epochs=4),
+        optimizer=optimizer,
+        resume=True,
+        extra=monitoring(),
+    )
     assert resumed.resumed_from is not None
     resumed.run()
     assert_identical(params_of(full), params_of(resumed))
@@ -92,9 +123,14 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, optimizer, stop_
     full_log, resumed_log = comparable_log(full), comparable_log(resumed)
     assert "train_accuracy" in full_log[28] and "valid_cross_entropy" in full_log[40]
     assert "valid_cross_entropy_best_so_far" in full_log[40]
-    early_full, early_resumed = full.extensions[-1].state_dict(), resumed.extensions[-1].state_dict()
-    assert early_full == early_resumed and early_full != EarlyStopping(
-        "valid_accuracy", patience=10).state_dict()
+    early_full, early_resumed = (
+        full.extensions[-1].state_dict(),
+        resumed.extensions[-1].state_dict(),
+    )
+    assert (
+        early_full == early_resumed
+        and early_full != EarlyStopping("valid_accuracy", patience=10).state_dict()
+    )
     # The cut run stopped (and saved) at its own limit: only that row differs.
     resumed_log.pop(stop_after_batches, None)
     full_log.pop(stop_after_batches, None)
@@ -165,18 +201,21 @@ class PlainIter(mx.io.DataIter):
     def next(self):
         if self.cursor + self.batch_size > len(self.X):
             raise StopIteration
-        rows = self.order[self.cursor:self.cursor + self.batch_size]
+        rows = self.order[self.cursor : self.cursor + self.batch_size]
         self.cursor += self.batch_size
         return mx.io.DataBatch([mx.nd.array(self.X[rows])], [mx.nd.array(self.y[rows])], pad=0)
 
 
 def test_iterator_without_direct_repositioning_is_replayed_with_a_warning(tmp_path):
     factory = lambda X, y: PlainIter(X, y, 20)  # noqa: E731
-    full = make_loop(tmp_path / "full", FinishAfter(after_n_epochs=3), iterator_factory=factory).run()
+    full = make_loop(
+        tmp_path / "full", FinishAfter(after_n_epochs=3), iterator_factory=factory
+    ).run()
     make_loop(tmp_path / "cut", FinishAfter(after_n_batches=15), iterator_factory=factory).run()
     with pytest.warns(UserWarning, match="replaying the 5 batches"):
-        resumed = make_loop(tmp_path / "cut", FinishAfter(after_n_epochs=3),
-                            iterator_factory=factory, resume=True)
+        resumed = make_loop(
+            tmp_path / "cut", FinishAfter(after_n_epochs=3), iterator_factory=factory, resume=True
+        )
     resumed.run()
     assert_identical(params_of(full), params_of(resumed))
 
@@ -264,11 +303,16 @@ class Trainer:
     """The checkpointed training script in a subprocess, read line by line."""
 
     def __init__(self, directory, *args):
-        env = dict(os.environ, OMP_NUM_THREADS="1", MXNET_SUBGRAPH_VERBOSE="0",
-                   PYTHONUNBUFFERED="1")
+        env = dict(
+            os.environ, OMP_NUM_THREADS="1", MXNET_SUBGRAPH_VERBOSE="0", PYTHONUNBUFFERED="1"
+        )
         self.process = subprocess.Popen(
-            [sys.executable, SCRIPT, str(directory), *args], stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=env, text=True)
+            [sys.executable, SCRIPT, str(directory), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+            text=True,
+        )
         self.lines = []
 
     def wait_for(self, prefix, timeout=60):
@@ -282,8 +326,10 @@ class Trainer:
                 self.lines.append(line)
                 if line.startswith(prefix):
                     return line
-        raise AssertionError(f"no line starting with {prefix!r}; got {self.lines[-5:]}; "
-                             f"stderr: {self.finish(5)[1][-2000:]}")
+        raise AssertionError(
+            f"no line starting with {prefix!r}; got {self.lines[-5:]}; "
+            f"stderr: {self.finish(5)[1][-2000:]}"
+        )
 
     def finish(self, timeout=60):
         try:
@@ -300,8 +346,9 @@ class Trainer:
 def reference_params(tmp_path_factory):
     """Final parameters of the checkpointed script run without interruption."""
     folder = tmp_path_factory.mktemp("reference")
-    run = Trainer(folder / "checkpoints", "--every-n-batches", "3", "--output",
-                  str(folder / "params.npz"))
+    run = Trainer(
+        folder / "checkpoints", "--every-n-batches", "3", "--output", str(folder / "params.npz")
+    )
     code, err = run.finish(120)
     assert code == 0, err
     return dict(np.load(folder / "params.npz"))
@@ -330,11 +377,14 @@ def test_sigkill_always_leaves_a_checkpoint_to_resume_from(tmp_path, reference_p
     assert not leftovers(directory)  # half-writes cleaned up
 
 
-@pytest.mark.parametrize("signals, code, stops_at", [
-    ([signal.SIGTERM], 128 + signal.SIGTERM, "batch"),
-    ([signal.SIGINT], 128 + signal.SIGINT, "epoch"),
-    ([signal.SIGINT, signal.SIGINT], 128 + signal.SIGINT, "batch"),
-])
+@pytest.mark.parametrize(
+    "signals, code, stops_at",
+    [
+        ([signal.SIGTERM], 128 + signal.SIGTERM, "batch"),
+        ([signal.SIGINT], 128 + signal.SIGINT, "epoch"),
+        ([signal.SIGINT, signal.SIGINT], 128 + signal.SIGINT, "batch"),
+    ],
+)
 def test_signals_stop_cleanly_with_a_checkpoint(tmp_path, signals, code, stops_at):
     log = tmp_path / "log.jsonl"
     run = Trainer(tmp_path / "checkpoints", "--epochs", "50", "--delay", "0.02", "--log", str(log))
@@ -377,16 +427,24 @@ def test_save_best_of_keeps_the_best_state_and_adds_no_empty_rows(tmp_path):
     np.random.seed(5)
     X, y = classification_data(n=200)
     net = mlp()
-    loop = MainLoop(net, mx.io.NDArrayIter(X, y, batch_size=20, shuffle=True,
-                                           label_name="softmax_label"),
-                    optimizer_params={"learning_rate": 0.05},
-                    arg_params=initial_params(net, (20, 10)),
-                    extensions=[FinishAfter(after_n_epochs=5), Evaluate({"valid": valid}, "ce"),
-                                Checkpoint(str(tmp_path), every_n_batches=7,
-                                           save_best_of="valid_cross_entropy")]).run()
+    loop = MainLoop(
+        net,
+        mx.io.NDArrayIter(X, y, batch_size=20, shuffle=True, label_name="softmax_label"),
+        optimizer_params={"learning_rate": 0.05},
+        arg_params=initial_params(net, (20, 10)),
+        extensions=[
+            FinishAfter(after_n_epochs=5),
+            Evaluate({"valid": valid}, "ce"),
+            Checkpoint(str(tmp_path), every_n_batches=7, save_best_of="valid_cross_entropy"),
+        ],
+    ).run()
     assert all(row for _, row in loop.log.items())  # no row was created empty
-    values = [row["valid_cross_entropy"] for _, row in loop.log.items() if "valid_cross_entropy" in row]
+    values = [
+        row["valid_cross_entropy"] for _, row in loop.log.items() if "valid_cross_entropy" in row
+    ]
     best = read_checkpoint(str(tmp_path / "best"))
     saved_rows = dict(best.loop_state["log"]["rows"])
-    assert saved_rows[best.loop_state["status"]["iterations_done"]]["valid_cross_entropy"] == min(values)
+    assert saved_rows[best.loop_state["status"]["iterations_done"]]["valid_cross_entropy"] == min(
+        values
+    )
     assert best.loop_state["status"]["epochs_done"] == 1 + values.index(min(values))

@@ -1,4 +1,5 @@
 """The ``mxoid`` command: ``show`` and ``plot`` on real logs, and every bad input."""
+
 import json
 import os
 import struct
@@ -24,9 +25,23 @@ def digits_log(tmp_path_factory):
     """The JSON-lines log of a real run of the digits example (3 epochs of the MLP)."""
     folder = tmp_path_factory.mktemp("digits")
     env = dict(os.environ, OMP_NUM_THREADS="1", MXNET_SUBGRAPH_VERBOSE="0")
-    subprocess.run([sys.executable, str(EXAMPLES / "train_digits.py"), "--network", "mlp",
-                    "--epochs", "3", "--output-dir", str(folder)], cwd=folder, env=env,
-                   check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            str(EXAMPLES / "train_digits.py"),
+            "--network",
+            "mlp",
+            "--epochs",
+            "3",
+            "--output-dir",
+            str(folder),
+        ],
+        cwd=folder,
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     return folder / "log.jsonl"
 
 
@@ -37,11 +52,18 @@ def both_formats(tmp_path_factory):
     X, y = classification_data(n=200)
     train = mx.io.NDArrayIter(X, y, batch_size=20, label_name="softmax_label")
     valid = mx.io.NDArrayIter(X[:60], y[:60], batch_size=20, label_name="softmax_label")
-    MainLoop(mlp(), train, optimizer_params={"learning_rate": 0.1},
-             extensions=[FinishAfter(after_n_epochs=2),
-                         TrainingMonitoring("acc", every_n_batches=5),
-                         Evaluate({"valid": valid}, "acc"), JSONLinesLog(folder / "log.jsonl"),
-                         CSVLog(folder / "log.csv")]).run()
+    MainLoop(
+        mlp(),
+        train,
+        optimizer_params={"learning_rate": 0.1},
+        extensions=[
+            FinishAfter(after_n_epochs=2),
+            TrainingMonitoring("acc", every_n_batches=5),
+            Evaluate({"valid": valid}, "acc"),
+            JSONLinesLog(folder / "log.jsonl"),
+            CSVLog(folder / "log.csv"),
+        ],
+    ).run()
     return folder / "log.jsonl", folder / "log.csv"
 
 
@@ -63,25 +85,39 @@ def test_show_a_row_per_epoch_with_every_numeric_record(digits_log, capsys):
     header, rows = parse_table(out)
     logged = [row for row in read_log(digits_log) if "valid_accuracy" in row]
     assert header[:2] == ["iteration", "epochs_done"]
-    assert set(header[2:]) >= {"train_accuracy", "train_cross_entropy", "valid_accuracy",
-                               "valid_cross_entropy", "test_accuracy", "test_cross_entropy"}
+    assert set(header[2:]) >= {
+        "train_accuracy",
+        "train_cross_entropy",
+        "valid_accuracy",
+        "valid_cross_entropy",
+        "test_accuracy",
+        "test_cross_entropy",
+    }
     assert "checkpoint_saved_to" not in header and "training_finish_requested" not in header
     assert [int(row[1]) for row in rows] == [1, 2, 3]
     assert [int(row[0]) for row in rows] == [row["iteration"] for row in logged]
     column = header.index("test_accuracy")
     assert [float(row[column]) for row in rows] == pytest.approx(
-        [row["test_accuracy"] for row in logged], rel=1e-5)
+        [row["test_accuracy"] for row in logged], rel=1e-5
+    )
 
 
 def test_show_chosen_records_by_name_pattern_and_commas(digits_log, capsys):
     status, out, _ = run_main(["show", digits_log, "--records", "test_accuracy,valid_*"], capsys)
     assert status == 0
     header, rows = parse_table(out)
-    assert header == ["iteration", "epochs_done", "test_accuracy", "valid_accuracy",
-                      "valid_cross_entropy", "valid_accuracy_best_checkpoint"]
+    assert header == [
+        "iteration",
+        "epochs_done",
+        "test_accuracy",
+        "valid_accuracy",
+        "valid_cross_entropy",
+        "valid_accuracy_best_checkpoint",
+    ]
     assert len(rows) == 3
-    status, out, _ = run_main(["show", digits_log, "--records", "training_finish_requested"],
-                              capsys)
+    status, out, _ = run_main(
+        ["show", digits_log, "--records", "training_finish_requested"], capsys
+    )
     assert status == 0 and "FinishAfter: 3 epochs done" in out
 
 
@@ -129,31 +165,62 @@ def test_plot_writes_a_png_with_a_panel_per_family(digits_log, tmp_path, capsys)
     assert abs(width - 1440) <= 2 and abs(height - 340) <= 2
     assert 20_000 < size < 2_000_000
 
-    status, out, _ = run_main(["plot", digits_log, "-o", tmp_path / "valid.png", "--records",
-                               "valid_accuracy", "--x", "iteration", "--dpi", "50"], capsys)
+    status, out, _ = run_main(
+        [
+            "plot",
+            digits_log,
+            "-o",
+            tmp_path / "valid.png",
+            "--records",
+            "valid_accuracy",
+            "--x",
+            "iteration",
+            "--dpi",
+            "50",
+        ],
+        capsys,
+    )
     assert status == 0 and "1 panel(s), 1 record(s)" in out
     width, height, _ = png_size(tmp_path / "valid.png")
     assert abs(width - 240) <= 2 and abs(height - 170) <= 2
 
 
 def test_metric_families():
-    families = metric_families(["train_accuracy", "valid_accuracy", "test_accuracy",
-                                "valid_softmax_mse", "test_softmax_mse", "learning_rate",
-                                "time_epoch", "grad_norm_fc1", "grad_norm_fc2"])
+    families = metric_families(
+        [
+            "train_accuracy",
+            "valid_accuracy",
+            "test_accuracy",
+            "valid_softmax_mse",
+            "test_softmax_mse",
+            "learning_rate",
+            "time_epoch",
+            "grad_norm_fc1",
+            "grad_norm_fc2",
+        ]
+    )
     assert families == {
-        "accuracy": [("train", "train_accuracy"), ("valid", "valid_accuracy"),
-                     ("test", "test_accuracy")],
+        "accuracy": [
+            ("train", "train_accuracy"),
+            ("valid", "valid_accuracy"),
+            ("test", "test_accuracy"),
+        ],
         "softmax_mse": [("valid", "valid_softmax_mse"), ("test", "test_softmax_mse")],
         "learning_rate": [("learning_rate", "learning_rate")],
         "time_epoch": [("time_epoch", "time_epoch")],
         "grad_norm_fc1": [("grad_norm_fc1", "grad_norm_fc1")],
-        "grad_norm_fc2": [("grad_norm_fc2", "grad_norm_fc2")]}
+        "grad_norm_fc2": [("grad_norm_fc2", "grad_norm_fc2")],
+    }
 
 
 def test_epoch_positions_between_epoch_ends():
-    rows = [{"iteration": 5, "epochs_done": 0}, {"iteration": 10, "epochs_done": 1},
-            {"iteration": 15, "epochs_done": 1}, {"iteration": 20, "epochs_done": 2},
-            {"iteration": 25, "epochs_done": 2}]
+    rows = [
+        {"iteration": 5, "epochs_done": 0},
+        {"iteration": 10, "epochs_done": 1},
+        {"iteration": 15, "epochs_done": 1},
+        {"iteration": 20, "epochs_done": 2},
+        {"iteration": 25, "epochs_done": 2},
+    ]
     assert epoch_positions(rows) == [0.5, 1.0, 1.5, 2.0, 2.5]
     # No epoch ended yet: the iteration stands in.
     assert epoch_positions(rows[:1]) == [5.0]
@@ -182,10 +249,14 @@ def bad_inputs(tmp_path, digits_log):
         (["plot", missing, "-o", tmp_path / "x.png"], "no such log file"),
         (["plot", empty, "-o", tmp_path / "x.png"], "the log file is empty"),
         (["plot", text, "-o", tmp_path / "x.png"], "not a log file"),
-        (["plot", digits_log, "--records", "nope", "-o", tmp_path / "x.png"],
-         "unknown record 'nope'"),
-        (["plot", digits_log, "--records", "checkpoint_saved_to", "-o", tmp_path / "x.png"],
-         "record 'checkpoint_saved_to' holds no numbers"),
+        (
+            ["plot", digits_log, "--records", "nope", "-o", tmp_path / "x.png"],
+            "unknown record 'nope'",
+        ),
+        (
+            ["plot", digits_log, "--records", "checkpoint_saved_to", "-o", tmp_path / "x.png"],
+            "record 'checkpoint_saved_to' holds no numbers",
+        ),
         (["plot", digits_log, "-o", tmp_path / "no" / "such" / "folder.png"], "cannot write"),
         (["plot", digits_log, "-o", tmp_path / "curves.xyz"], "cannot write"),
     ]
@@ -232,10 +303,18 @@ def test_launch_is_delegated_to_mxoid_launch(capsys):
 def test_console_script_and_python_m(digits_log, tmp_path):
     script = Path(sys.executable).parent / "mxoid"
     assert script.is_file(), "the mxoid console script is not installed: pip install -e ."
-    shown = subprocess.Popen([str(script), "show", str(digits_log), "--records", "test_accuracy"],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    failed = subprocess.Popen([sys.executable, "-m", "mxoid", "show", str(tmp_path / "none.csv")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    shown = subprocess.Popen(
+        [str(script), "show", str(digits_log), "--records", "test_accuracy"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    failed = subprocess.Popen(
+        [sys.executable, "-m", "mxoid", "show", str(tmp_path / "none.csv")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out, _ = shown.communicate(timeout=60)
     assert shown.returncode == 0 and out.split("\n")[0].split()[-1] == "test_accuracy"
     out, err = failed.communicate(timeout=60)

@@ -6,6 +6,7 @@ on each worker's shard of a validation set. The helpers of
 :mod:`mxoid.distributed` and :mod:`mxoid.distributed.sharding` that need no kvstore are
 tested in this process.
 """
+
 import json
 import sys
 from pathlib import Path
@@ -42,11 +43,18 @@ def one_process():
     Xv, yv = dist_worker.data(60, seed=5)
     train = mx.io.NDArrayIter(X, y, batch_size=20, label_name="softmax_label")
     valid = mx.io.NDArrayIter(Xv, yv, batch_size=20, label_name="softmax_label")
-    loop = MainLoop(dist_worker.network(), train, optimizer="sgd",
-                    optimizer_params=dict(dist_worker.OPTIMIZER_PARAMS),
-                    arg_params=dist_worker.initial_params(), kvstore=None,
-                    extensions=[FinishAfter(after_n_epochs=2),
-                                Evaluate({"valid": valid}, metrics=["acc", "ce"])])
+    loop = MainLoop(
+        dist_worker.network(),
+        train,
+        optimizer="sgd",
+        optimizer_params=dict(dist_worker.OPTIMIZER_PARAMS),
+        arg_params=dist_worker.initial_params(),
+        kvstore=None,
+        extensions=[
+            FinishAfter(after_n_epochs=2),
+            Evaluate({"valid": valid}, metrics=["acc", "ce"]),
+        ],
+    )
     loop.run()
     params = {name: value.asnumpy() for name, value in loop.get_params()[0].items()}
     records = {str(iteration): dict(row) for iteration, row in loop.log.items()}
@@ -55,27 +63,34 @@ def one_process():
 
 def results(out):
     """Per rank: (the worker's JSON report, its final parameters)."""
-    return [(json.loads((out / f"rank{rank}.json").read_text()),
-             dict(np.load(out / f"rank{rank}.npz"))) for rank in range(2)]
+    return [
+        (json.loads((out / f"rank{rank}.json").read_text()), dict(np.load(out / f"rank{rank}.npz")))
+        for rank in range(2)
+    ]
 
 
 def evaluation_records(report):
-    return {iteration: {k: v for k, v in row.items() if k.startswith("valid_")}
-            for iteration, row in report["records"].items() if "valid_accuracy" in row}
+    return {
+        iteration: {k: v for k, v in row.items() if k.startswith("valid_")}
+        for iteration, row in report["records"].items()
+        if "valid_accuracy" in row
+    }
 
 
 # ------------------------------------------------------------------ training jobs
 @pytest.mark.parametrize("servers", [1, 2])
-def test_dist_sync_matches_one_process_with_the_doubled_batch(tmp_path, job_env, one_process,
-                                                              servers):
+def test_dist_sync_matches_one_process_with_the_doubled_batch(
+    tmp_path, job_env, one_process, servers
+):
     job = run_job(tmp_path, WORKER + ["--out", tmp_path], servers=servers)
     assert job.status == 0, job
     (report0, params0), (report1, params1) = results(tmp_path)
     reference, reference_records = one_process
     for name in reference:
         assert np.array_equal(params0[name], params1[name]), name  # bit-identical workers
-        np.testing.assert_allclose(params0[name], reference[name], rtol=1e-5, atol=1e-6,
-                                   err_msg=name)
+        np.testing.assert_allclose(
+            params0[name], reference[name], rtol=1e-5, atol=1e-6, err_msg=name
+        )
     assert report0["holds_servers"] and report1["holds_servers"]
     assert [report0["status"]["rank"], report1["status"]["rank"]] == [0, 1]
     assert report0["status"]["num_workers"] == report1["status"]["num_workers"] == 2
@@ -90,13 +105,16 @@ def test_dist_sync_matches_one_process_with_the_doubled_batch(tmp_path, job_env,
 
     # rank_zero_only extensions run on rank 0 only; the others on every worker.
     assert sorted(p.name for p in tmp_path.glob("rank_zero_rank*")) == ["rank_zero_rank0"]
-    assert sorted(p.name for p in tmp_path.glob("everyone_rank*")) == ["everyone_rank0",
-                                                                       "everyone_rank1"]
+    assert sorted(p.name for p in tmp_path.glob("everyone_rank*")) == [
+        "everyone_rank0",
+        "everyone_rank1",
+    ]
 
 
 def test_dist_async_runs_and_every_worker_ends_with_the_servers_parameters(tmp_path, job_env):
-    job = run_job(tmp_path, WORKER + ["--out", tmp_path, "--kvstore", "dist_async",
-                                      "--epochs", "3"])
+    job = run_job(
+        tmp_path, WORKER + ["--out", tmp_path, "--kvstore", "dist_async", "--epochs", "3"]
+    )
     assert job.status == 0, job
     (report0, params0), (report1, params1) = results(tmp_path)
     assert report0["holds_servers"] and report1["holds_servers"]  # pulled again after run()
@@ -129,10 +147,13 @@ def test_unequal_steps_are_a_clear_error_on_every_worker(tmp_path, job_env):
     # Both workers fail together; the grace period lets the second one report too.
     job = run_job(tmp_path, WORKER + ["--out", tmp_path, "--unequal"], grace=3.0)
     assert job.status == 1, job
-    message = "ValueError: workers would take unequal numbers of steps per epoch (rank 0: 10, rank 1: 7)"
+    message = (
+        "ValueError: workers would take unequal numbers of steps per epoch (rank 0: 10, rank 1: 7)"
+    )
     for worker in ("[worker 0]", "[worker 1]"):
-        assert any(line.startswith(worker) and message in line
-                   for line in job.stderr.splitlines()), job
+        assert any(
+            line.startswith(worker) and message in line for line in job.stderr.splitlines()
+        ), job
 
 
 # ---------------------------------------------------------------- in-process helpers
@@ -154,8 +175,12 @@ def test_shard_arrays_gives_equal_strided_shares():
 def test_strided_shards_together_make_the_batches_of_one_process():
     X = np.arange(40, dtype="float32").reshape(20, 2)
     batch = next(iter(mx.io.NDArrayIter(X, batch_size=8))).data[0].asnumpy()
-    parts = [next(iter(mx.io.NDArrayIter(shard_arrays(X, rank=r, num_workers=2), batch_size=4)))
-             .data[0].asnumpy() for r in range(2)]
+    parts = [
+        next(iter(mx.io.NDArrayIter(shard_arrays(X, rank=r, num_workers=2), batch_size=4)))
+        .data[0]
+        .asnumpy()
+        for r in range(2)
+    ]
     np.testing.assert_array_equal(np.sort(np.concatenate(parts), axis=0), batch)
 
 
@@ -188,8 +213,9 @@ def test_server_optimizer_updates_parameters_and_merges_reduction_rows():
     server.update_multi_precision(1, stored, mx.nd.array([0, 0, 0, 7, 8, 1]), None)
     np.testing.assert_array_equal(stored.asnumpy(), [0, 0, 0, 7, 8, distributed.MERGED])
     server.update_multi_precision(1, stored, mx.nd.array([5, 6, 1, 0, 0, 0]), None)
-    np.testing.assert_array_equal(stored.asnumpy(), [5, 6, distributed.MERGED, 7, 8,
-                                                     distributed.MERGED])
+    np.testing.assert_array_equal(
+        stored.asnumpy(), [5, 6, distributed.MERGED, 7, 8, distributed.MERGED]
+    )
 
     replacing = ServerOptimizer(None, num_param_keys=1, num_workers=2)
     replacing.update_multi_precision(0, weight, mx.nd.array([1, 2, 3]), None)
@@ -199,6 +225,7 @@ def test_server_optimizer_updates_parameters_and_merges_reduction_rows():
 def test_dist_async_refuses_updates_on_the_workers():
     class AsyncStore:
         type, rank = "dist_async", 0
+
     with pytest.raises(ValueError, match="update_on_kvstore=True"):
         distributed.set_server_optimizer(AsyncStore(), None, 4)
 
@@ -207,6 +234,7 @@ def test_shard_builds_an_ndarray_iterator_with_equal_steps():
     class Store:
         def __init__(self, rank):
             self.rank, self.num_workers = rank, 3
+
     X, y = np.zeros((31, 4)), np.arange(31)
     iterators = [shard(X, y, kvstore=Store(rank), batch_size=4) for rank in range(3)]
     assert {batches_per_epoch(it) for it in iterators} == {3}

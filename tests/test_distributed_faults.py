@@ -3,6 +3,7 @@ error and exit status, or stops every worker cleanly after the same batch.
 
 Each job runs tests/dist_scripts/dist_worker.py on two workers under ``mxoid launch``.
 """
+
 import json
 import os
 import signal
@@ -32,13 +33,17 @@ def job_env(monkeypatch):
 
 
 def reports(out):
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)
-            if (out / f"rank{rank}.json").exists()]
+    return [
+        json.loads((out / f"rank{rank}.json").read_text())
+        for rank in range(2)
+        if (out / f"rank{rank}.json").exists()
+    ]
 
 
 def test_a_bad_argument_on_one_rank_ends_the_job_with_its_error(tmp_path, job_env):
-    job = run_job(tmp_path, WORKER + ["--out", tmp_path, "--bad-argument-on-rank", "1"],
-                  timeout=120)
+    job = run_job(
+        tmp_path, WORKER + ["--out", tmp_path, "--bad-argument-on-rank", "1"], timeout=120
+    )
     assert job.seconds < BOUND, job
     assert job.status == 1, job
     last = job.stderr.strip().splitlines()[-1]
@@ -48,8 +53,11 @@ def test_a_bad_argument_on_one_rank_ends_the_job_with_its_error(tmp_path, job_en
 
 
 def test_sys_exit_in_an_extension_on_one_rank_ends_the_job(tmp_path, job_env):
-    job = run_job(tmp_path, WORKER + ["--out", tmp_path, "--misbehave", "exit", "--act-at", "4",
-                                      "--epochs", "50"], timeout=120)
+    job = run_job(
+        tmp_path,
+        WORKER + ["--out", tmp_path, "--misbehave", "exit", "--act-at", "4", "--epochs", "50"],
+        timeout=120,
+    )
     assert job.seconds < BOUND, job
     assert job.status == 1, job
     assert "called sys.exit(0) during training" in job.stderr, job
@@ -57,8 +65,12 @@ def test_sys_exit_in_an_extension_on_one_rank_ends_the_job(tmp_path, job_env):
 
 
 def test_a_time_limit_on_one_rank_stops_every_rank_after_the_same_batch(tmp_path, job_env):
-    job = run_job(tmp_path, WORKER + ["--out", tmp_path, "--epochs", "50", "--delay", "0.05",
-                                      "--seconds-on-rank-0", "1.0"], timeout=120)
+    job = run_job(
+        tmp_path,
+        WORKER
+        + ["--out", tmp_path, "--epochs", "50", "--delay", "0.05", "--seconds-on-rank-0", "1.0"],
+        timeout=120,
+    )
     assert job.status == 0, job
     first, second = reports(tmp_path)
     done = first["status"]["iterations_done"]
@@ -70,13 +82,31 @@ def test_a_time_limit_on_one_rank_stops_every_rank_after_the_same_batch(tmp_path
 
 def test_sigterm_to_one_worker_stops_every_worker_cleanly(tmp_path, job_env):
     directory, log = tmp_path / "checkpoints", tmp_path / "log.jsonl"
-    job = run_job(tmp_path, WORKER + ["--out", tmp_path, "--epochs", "50", "--misbehave",
-                                      "sigterm", "--act-at", "7", "--checkpoint", directory,
-                                      "--log", log], timeout=120)
+    job = run_job(
+        tmp_path,
+        WORKER
+        + [
+            "--out",
+            tmp_path,
+            "--epochs",
+            "50",
+            "--misbehave",
+            "sigterm",
+            "--act-at",
+            "7",
+            "--checkpoint",
+            directory,
+            "--log",
+            log,
+        ],
+        timeout=120,
+    )
     assert job.seconds < BOUND, job
     assert job.status == 128 + signal.SIGTERM, job
     # Batch 7 on rank 1; every worker stops at the next agreement, the end of epoch 1.
-    assert job.stderr.count("Training interrupted by SIGTERM after 1 epoch and 10 batches") == 2, job
+    assert job.stderr.count("Training interrupted by SIGTERM after 1 epoch and 10 batches") == 2, (
+        job
+    )
     assert "Rank 0 saves the checkpoints; resume with" in job.stderr
     saved = latest_checkpoint(str(directory))
     assert saved.loop_state["status"]["iterations_done"] == 10
@@ -88,11 +118,28 @@ def test_sigterm_to_one_worker_stops_every_worker_cleanly(tmp_path, job_env):
 @pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_to_the_launcher_stops_training_cleanly_on_every_worker(tmp_path, job_env, sent):
     directory, log = tmp_path / "checkpoints", tmp_path / "log.jsonl"
-    command = [sys.executable, "-m", "mxoid.distributed.launch", "-n", "2", "--timeout", "120", "--",
-               *map(str, WORKER), "--out", str(tmp_path), "--epochs", "50", "--delay", "0.05",
-               "--checkpoint", str(directory), "--log", str(log)]
-    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+    command = [
+        sys.executable,
+        "-m",
+        "mxoid.distributed.launch",
+        "-n",
+        "2",
+        "--timeout",
+        "120",
+        "--",
+        *map(str, WORKER),
+        "--out",
+        str(tmp_path),
+        "--epochs",
+        "50",
+        "--delay",
+        "0.05",
+        "--checkpoint",
+        str(directory),
+        "--log",
+        str(log),
+    ]
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:

@@ -5,6 +5,7 @@ with one OpenMP thread and a time limit. MNIST is read from
 ``../shared/data/mnist`` relative to the repository root; the MNIST tests
 fail, with a message saying where the data should be, when it is missing.
 """
+
 import csv
 import os
 import re
@@ -20,23 +21,36 @@ from mxoid.log.files import read_log
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 README = Path(__file__).resolve().parents[1] / "README.md"
 MNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
-MNIST_FILES = ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
-               "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
-SCRIPTS = ("train_digits.py", "train_mnist.py", "multi_output.py", "custom_extension.py",
-           "distributed.py")
+MNIST_FILES = (
+    "train-images-idx3-ubyte.gz",
+    "train-labels-idx1-ubyte.gz",
+    "t10k-images-idx3-ubyte.gz",
+    "t10k-labels-idx1-ubyte.gz",
+)
+SCRIPTS = (
+    "train_digits.py",
+    "train_mnist.py",
+    "multi_output.py",
+    "custom_extension.py",
+    "distributed.py",
+)
 
 
 def example_env():
-    env = dict(os.environ, OMP_NUM_THREADS="1", MXNET_SUBGRAPH_VERBOSE="0",
-               PYTHONUNBUFFERED="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", MXNET_SUBGRAPH_VERBOSE="0", PYTHONUNBUFFERED="1")
     env.pop("DMLC_ROLE", None)
     return env
 
 
 def start(script, *args, cwd):
-    return subprocess.Popen([sys.executable, str(EXAMPLES / script), *map(str, args)], cwd=cwd,
-                            env=example_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, str(EXAMPLES / script), *map(str, args)],
+        cwd=cwd,
+        env=example_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def finish(process, timeout, expect=0):
@@ -47,7 +61,8 @@ def finish(process, timeout, expect=0):
         out, err = process.communicate()
         pytest.fail(f"{process.args} ran past {timeout} s\n{out[-3000:]}\n{err[-3000:]}")
     assert process.returncode == expect, (
-        f"{process.args} exited with {process.returncode}\n{out[-3000:]}\n{err[-3000:]}")
+        f"{process.args} exited with {process.returncode}\n{out[-3000:]}\n{err[-3000:]}"
+    )
     return out, err
 
 
@@ -77,8 +92,9 @@ def test_digits_defaults_reach_95_percent(tmp_path):
     out, err = run("train_digits.py", "--output-dir", tmp_path / "run", cwd=tmp_path)
     rows = read_log(tmp_path / "run" / "log.jsonl")
     test_accuracy = [row["test_accuracy"] for row in rows if "test_accuracy" in row]
-    print(f"digits defaults: test accuracy {test_accuracy[-1]:.4f} after "
-          f"{len(test_accuracy)} epochs")
+    print(
+        f"digits defaults: test accuracy {test_accuracy[-1]:.4f} after {len(test_accuracy)} epochs"
+    )
     assert test_accuracy[-1] >= 0.95
     assert f"test accuracy {test_accuracy[-1]:.4f}" in out
     # Printing reported every epoch; the run stopped early or at the limit.
@@ -86,8 +102,9 @@ def test_digits_defaults_reach_95_percent(tmp_path):
     assert "Traceback" not in err
     stop = [row["training_finish_requested"] for row in rows if "training_finish_requested" in row]
     assert stop and ("EarlyStopping" in stop[0] or "FinishAfter" in stop[0])
-    folders = sorted(path.name for path in (tmp_path / "run" / "checkpoints").iterdir()
-                     if path.is_dir())
+    folders = sorted(
+        path.name for path in (tmp_path / "run" / "checkpoints").iterdir() if path.is_dir()
+    )
     assert folders[0] == "best" and len(folders) == 3  # keep_last=2, and the best
     epochs = len(test_accuracy)
     assert folders[-1].startswith(f"checkpoint-{epochs:06d}-epoch{epochs:04d}")
@@ -120,8 +137,10 @@ def test_digits_needs_the_examples_extra(tmp_path, monkeypatch):
 def mnist_dir():
     missing = [name for name in MNIST_FILES if not (MNIST_DIR / name).is_file()]
     if missing:
-        pytest.fail(f"the MNIST tests read the four MNIST files from {MNIST_DIR} "
-                    f"(../shared/data/mnist from the repository root); missing: {missing}")
+        pytest.fail(
+            f"the MNIST tests read the four MNIST files from {MNIST_DIR} "
+            f"(../shared/data/mnist from the repository root); missing: {missing}"
+        )
     return MNIST_DIR
 
 
@@ -133,8 +152,19 @@ def mnist_runs(tmp_path_factory):
     runs = {}
     for name, contexts in (("one", "cpu:0"), ("two", "cpu:0,cpu:1")):
         output = folder / name
-        runs[name] = (start("train_mnist.py", "--data-dir", data, "--contexts", contexts,
-                            "--output-dir", output, cwd=folder), output)
+        runs[name] = (
+            start(
+                "train_mnist.py",
+                "--data-dir",
+                data,
+                "--contexts",
+                contexts,
+                "--output-dir",
+                output,
+                cwd=folder,
+            ),
+            output,
+        )
     yield runs
     for process, _ in runs.values():
         if process.poll() is None:
@@ -148,8 +178,10 @@ def test_mnist_one_epoch_reaches_97_percent(mnist_runs, contexts):
     out, _ = finish(process, timeout=400)
     rows = read_log(output / "log.jsonl")
     accuracy = rows[-1]["test_accuracy"]
-    print(f"MNIST LeNet, 1 epoch, {contexts} context(s): test accuracy {accuracy:.4f}, "
-          f"{rows[-1]['time_epoch']:.1f} s")
+    print(
+        f"MNIST LeNet, 1 epoch, {contexts} context(s): test accuracy {accuracy:.4f}, "
+        f"{rows[-1]['time_epoch']:.1f} s"
+    )
     assert rows[-1]["epochs_done"] == 1
     assert accuracy >= 0.97
     assert f"on {1 if contexts == 'one' else 2} context(s)" in out
@@ -161,15 +193,28 @@ def test_mnist_mlp(tmp_path):
     data.mkdir()
     for name in MNIST_FILES:
         os.symlink(mnist_dir() / name, data / name)
-    run("train_mnist.py", "--data-dir", data, "--network", "mlp", "--epochs", 1,
-        "--batch-size", 1024, "--output-dir", tmp_path / "run", cwd=tmp_path)
+    run(
+        "train_mnist.py",
+        "--data-dir",
+        data,
+        "--network",
+        "mlp",
+        "--epochs",
+        1,
+        "--batch-size",
+        1024,
+        "--output-dir",
+        tmp_path / "run",
+        cwd=tmp_path,
+    )
     rows = read_log(tmp_path / "run" / "log.jsonl")
     assert rows[-1]["test_accuracy"] > 0.85
 
 
 def test_mnist_says_which_files_are_missing(tmp_path, monkeypatch, capsys):
-    exit = run_in_process("train_mnist.py", "--data-dir", tmp_path / "nowhere",
-                          monkeypatch=monkeypatch)
+    exit = run_in_process(
+        "train_mnist.py", "--data-dir", tmp_path / "nowhere", monkeypatch=monkeypatch
+    )
     assert isinstance(exit.code, str) and exit.code.startswith("error: --data-dir must be")
     assert "nowhere does not exist" in exit.code and "train-images-idx3-ubyte.gz" in exit.code
     partial = tmp_path / "partial"
@@ -184,8 +229,16 @@ def test_mnist_says_which_files_are_missing(tmp_path, monkeypatch, capsys):
 
 # ------------------------------------------------------ the other examples
 def test_multi_output(tmp_path):
-    out, _ = run("multi_output.py", "--epochs", 3, "--contexts", "cpu:0,cpu:1",
-                 "--output-dir", tmp_path / "run", cwd=tmp_path)
+    out, _ = run(
+        "multi_output.py",
+        "--epochs",
+        3,
+        "--contexts",
+        "cpu:0,cpu:1",
+        "--output-dir",
+        tmp_path / "run",
+        cwd=tmp_path,
+    )
     rows = read_log(tmp_path / "run" / "log.jsonl")
     last = rows[-1]
     for prefix in ("train", "valid", "test"):
@@ -198,8 +251,18 @@ def test_multi_output(tmp_path):
 
 
 def test_custom_extension(tmp_path):
-    out, _ = run("custom_extension.py", "--epochs", 2, "--every", 8, "--contexts", "cpu:0,cpu:1",
-                 "--output-dir", tmp_path / "run", cwd=tmp_path)
+    out, _ = run(
+        "custom_extension.py",
+        "--epochs",
+        2,
+        "--every",
+        8,
+        "--contexts",
+        "cpu:0,cpu:1",
+        "--output-dir",
+        tmp_path / "run",
+        cwd=tmp_path,
+    )
     with open(tmp_path / "run" / "grad_norms.csv", newline="") as f:
         lines = list(csv.reader(f))
     assert lines[0] == ["iteration", "epoch", "fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"]
@@ -217,12 +280,27 @@ def test_distributed_digits_under_the_launcher(tmp_path):
     env = dict(example_env(), MXNET_CPU_WORKER_NTHREADS="1")
     launcher = [sys.executable, "-m", "mxoid", "launch", "-n", "2", "--timeout", "150", "--"]
     process = subprocess.run(
-        launcher + [sys.executable, str(EXAMPLES / "distributed.py"), "--network", "mlp",
-                    "--epochs", "2", "--output-dir", str(tmp_path / "run")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=200)
+        launcher
+        + [
+            sys.executable,
+            str(EXAMPLES / "distributed.py"),
+            "--network",
+            "mlp",
+            "--epochs",
+            "2",
+            "--output-dir",
+            str(tmp_path / "run"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert process.returncode == 0, process.stdout[-3000:] + process.stderr[-3000:]
-    finals = sorted(line.split("] ", 1)[1] for line in process.stdout.splitlines()
-                    if "test accuracy" in line)
+    finals = sorted(
+        line.split("] ", 1)[1] for line in process.stdout.splitlines() if "test accuracy" in line
+    )
     # Both workers record the same accuracy: evaluation sums over the workers.
     assert len(finals) == 2 and finals[0].split(":")[1] == finals[1].split(":")[1], finals
     rows = read_log(tmp_path / "run" / "log.jsonl")  # written by rank 0 alone
@@ -248,7 +326,7 @@ def readme_python(section):
     text = README.read_text()
     start = text.index(f"\n## {section}")
     end = text.find("\n## ", start + 1)
-    return re.findall(r"```python\n(.*?)```", text[start:end if end > 0 else None], re.S)
+    return re.findall(r"```python\n(.*?)```", text[start : end if end > 0 else None], re.S)
 
 
 def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
@@ -265,10 +343,16 @@ def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
     # The two extensions of "Writing an extension" in a loop.
     valid, train = namespace["valid"], namespace["train"]
     train.reset()
-    loop = MainLoop(namespace["net"], train,
-                    extensions=[FinishAfter(after_n_epochs=5), Evaluate({"valid": valid}, "ce"),
-                                namespace["LearningRateRecord"](),
-                                namespace["StopBelow"]("valid_cross_entropy", 10.0)])
+    loop = MainLoop(
+        namespace["net"],
+        train,
+        extensions=[
+            FinishAfter(after_n_epochs=5),
+            Evaluate({"valid": valid}, "ce"),
+            namespace["LearningRateRecord"](),
+            namespace["StopBelow"]("valid_cross_entropy", 10.0),
+        ],
+    )
     loop.run()
     assert loop.status.epochs_done == 1
     assert loop.log.last("training_finish_requested") == "valid_cross_entropy fell below 10.0"

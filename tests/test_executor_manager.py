@@ -1,4 +1,5 @@
 """DataParallelExecutorManager: splitting, outputs, padding, parameters, sharing."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -31,7 +32,9 @@ def test_forward_on_two_devices_equals_numpy():
     X, y = classification_data(n=12)
     net = mlp()
     params = initial_params(net, (6, 10))
-    manager = DataParallelExecutorManager(net, TWO_CPUS, [("data", (6, 10))], [("softmax_label", (6,))])
+    manager = DataParallelExecutorManager(
+        net, TWO_CPUS, [("data", (6, 10))], [("softmax_label", (6,))]
+    )
     assert [e._ctx for e in manager.executors] == TWO_CPUS
     manager.set_params(params, {})
     manager.load_data_batch(mx.io.DataBatch([mx.nd.array(X[:6])], [mx.nd.array(y[:6])]))
@@ -47,7 +50,8 @@ def test_forward_on_two_devices_equals_numpy():
 def test_multi_output_symbol_exposes_every_output_by_name():
     net = two_heads()
     manager = DataParallelExecutorManager(
-        net, TWO_CPUS, [("data", (8, 10))], [("softmax_label", (8,)), ("reg_label", (8, 1))])
+        net, TWO_CPUS, [("data", (8, 10))], [("softmax_label", (8,)), ("reg_label", (8, 1))]
+    )
     assert manager.output_names == ["softmax", "reg"]
     assert [o.shape for o in manager.outputs["reg"]] == [(4, 1), (4, 1)]
     assert set(manager.labels) == {"softmax_label", "reg_label"}
@@ -57,7 +61,9 @@ def test_multi_output_symbol_exposes_every_output_by_name():
 
 def test_padded_batch_marks_real_rows_per_device():
     net = mlp()
-    manager = DataParallelExecutorManager(net, TWO_CPUS, [("data", (8, 10))], [("softmax_label", (8,))])
+    manager = DataParallelExecutorManager(
+        net, TWO_CPUS, [("data", (8, 10))], [("softmax_label", (8,))]
+    )
     batch = mx.io.DataBatch([mx.nd.zeros((8, 10))], [mx.nd.zeros((8,))], pad=5)
     manager.load_data_batch(batch)
     assert manager.valid_rows == [3, 0]
@@ -68,7 +74,9 @@ def test_padded_batch_marks_real_rows_per_device():
 def test_get_params_returns_host_copies_equal_to_set_params():
     net = mlp()
     params = initial_params(net, (4, 10))
-    manager = DataParallelExecutorManager(net, TWO_CPUS, [("data", (4, 10))], [("softmax_label", (4,))])
+    manager = DataParallelExecutorManager(
+        net, TWO_CPUS, [("data", (4, 10))], [("softmax_label", (4,))]
+    )
     manager.set_params(params, {})
     arg_params, aux_params = manager.get_params()
     assert aux_params == {}
@@ -81,7 +89,9 @@ def test_get_params_returns_host_copies_equal_to_set_params():
 
 def test_set_params_rejects_unknown_names_and_bad_shapes():
     net = mlp()
-    manager = DataParallelExecutorManager(net, [mx.cpu()], [("data", (4, 10))], [("softmax_label", (4,))])
+    manager = DataParallelExecutorManager(
+        net, [mx.cpu()], [("data", (4, 10))], [("softmax_label", (4,))]
+    )
     with pytest.raises(ValueError, match="'fc9_weight'"):
         manager.set_params({"fc9_weight": mx.nd.zeros((1,))})
     with pytest.raises(ValueError, match="shape"):
@@ -93,7 +103,9 @@ def test_evaluation_manager_shares_parameters_and_sees_updates():
     X, y = classification_data(n=30)
     net = mlp()
     params = initial_params(net, (8, 10))
-    train = DataParallelExecutorManager(net, TWO_CPUS, [("data", (8, 10))], [("softmax_label", (8,))])
+    train = DataParallelExecutorManager(
+        net, TWO_CPUS, [("data", (8, 10))], [("softmax_label", (8,))]
+    )
     train.set_params(params, {})
     evaluation = train.evaluation_manager([("data", (5, 10))], [("softmax_label", (5,))])
     assert evaluation is train.evaluation_manager([("data", (5, 10))], [("softmax_label", (5,))])
@@ -111,8 +123,11 @@ def test_evaluation_manager_shares_parameters_and_sees_updates():
     np.testing.assert_allclose(first, numpy_mlp(current, X[:5]), rtol=1e-5, atol=1e-6)
     # Train a few steps: the evaluation executors must see the new weights.
     for step in range(3):
-        train.load_data_batch(mx.io.DataBatch([mx.nd.array(X[8 * step:8 * step + 8])],
-                                              [mx.nd.array(y[8 * step:8 * step + 8])]))
+        train.load_data_batch(
+            mx.io.DataBatch(
+                [mx.nd.array(X[8 * step : 8 * step + 8])], [mx.nd.array(y[8 * step : 8 * step + 8])]
+            )
+        )
         train.forward(is_train=True)
         train.backward()
         for weights, grads in zip(train.param_arrays, train.grad_arrays):
@@ -144,13 +159,19 @@ def test_unknown_input_name_is_refused_with_the_symbols_arguments():
 
 def test_inputs_with_another_batch_size_are_refused():
     with pytest.raises(ValueError, match="rejects the input shapes") as info:
-        DataParallelExecutorManager(mlp(), [mx.cpu()], [("data", (4, 10))], [("softmax_label", (5,))])
+        DataParallelExecutorManager(
+            mlp(), [mx.cpu()], [("data", (4, 10))], [("softmax_label", (5,))]
+        )
     assert "Stack trace" not in str(info.value)
     assert "\n" not in str(info.value)
 
 
 def test_shapes_the_operators_reject_give_a_clean_message():
-    with pytest.raises(ValueError, match="rejects the input shapes.*Error in operator softmax") as info:
-        DataParallelExecutorManager(mlp(), [mx.cpu()], [("data", (4, 10))], [("softmax_label", (4, 7))])
+    with pytest.raises(
+        ValueError, match="rejects the input shapes.*Error in operator softmax"
+    ) as info:
+        DataParallelExecutorManager(
+            mlp(), [mx.cpu()], [("data", (4, 10))], [("softmax_label", (4, 7))]
+        )
     assert "Stack trace" not in str(info.value)
     assert "\n" not in str(info.value)

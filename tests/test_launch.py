@@ -3,6 +3,7 @@
 The workers here are small Python programs that never create a kvstore, so
 the scheduler and servers wait for them until the launcher stops them.
 """
+
 import os
 import signal
 import socket
@@ -34,8 +35,13 @@ def python(code):
 
 
 def test_output_is_prefixed_and_the_status_is_the_workers(tmp_path, job_env):
-    job = run_job(tmp_path, python("import sys; print('to stdout'); print('partial', end=''); "
-                                   "print('to stderr', file=sys.stderr)"))
+    job = run_job(
+        tmp_path,
+        python(
+            "import sys; print('to stdout'); print('partial', end=''); "
+            "print('to stderr', file=sys.stderr)"
+        ),
+    )
     assert job.status == 0, job
     for index in (0, 1):
         assert f"[worker {index}] to stdout\n" in job.stdout
@@ -67,8 +73,11 @@ def test_timeout_stops_everything(tmp_path, job_env):
 
 
 def test_stall_timeout_stops_a_job_where_nothing_happens(tmp_path, job_env):
-    job = run_job(tmp_path, python("import time; print('started', flush=True); time.sleep(120)"),
-                  stall_timeout=2)
+    job = run_job(
+        tmp_path,
+        python("import time; print('started', flush=True); time.sleep(120)"),
+        stall_timeout=2,
+    )
     assert job.status == 124, job
     assert "stalled: no output and no CPU time used for 2 s" in job.stderr
     assert job.seconds < 60
@@ -93,12 +102,28 @@ def test_the_scheduler_port_is_found_again_when_taken(tmp_path, job_env, monkeyp
 
 def test_children_die_with_a_killed_launcher(tmp_path, job_env):
     ready = tmp_path / "ready"
-    worker = ("import os, sys, time; open(sys.argv[1] + str(os.getpid()), 'w').close(); "
-              "time.sleep(120)")
+    worker = (
+        "import os, sys, time; open(sys.argv[1] + str(os.getpid()), 'w').close(); time.sleep(120)"
+    )
     launcher = subprocess.Popen(
-        [PYTHON, "-m", "mxoid.launch", "-n", "2", "--timeout", "120", "--",
-         PYTHON, "-c", worker, str(ready)], cwd=ROOT,
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        [
+            PYTHON,
+            "-m",
+            "mxoid.launch",
+            "-n",
+            "2",
+            "--timeout",
+            "120",
+            "--",
+            PYTHON,
+            "-c",
+            worker,
+            str(ready),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         deadline = time.monotonic() + 60
         while len(list(tmp_path.glob("ready*"))) < 2 and time.monotonic() < deadline:
@@ -114,13 +139,19 @@ def test_children_die_with_a_killed_launcher(tmp_path, job_env):
     assert not marked_processes(job_env)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--hosts", "hosts.txt", "-n", "2", "--", "python", "train.py"], "--hosts is not supported"),
-    (["--", "python", "train.py"], "give the number of workers"),
-    (["-n", "2"], "give the worker command after '--'"),
-    (["-n", "2", "-s", "0", "--", "python"], "-s SERVERS must be at least 1"),
-    (["-n", "2", "--timeout", "0", "--", "python"], "--timeout must be positive"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--hosts", "hosts.txt", "-n", "2", "--", "python", "train.py"],
+            "--hosts is not supported",
+        ),
+        (["--", "python", "train.py"], "give the number of workers"),
+        (["-n", "2"], "give the worker command after '--'"),
+        (["-n", "2", "-s", "0", "--", "python"], "-s SERVERS must be at least 1"),
+        (["-n", "2", "--timeout", "0", "--", "python"], "--timeout must be positive"),
+    ],
+)
 def test_main_rejects_bad_arguments(capsys, argv, message):
     with pytest.raises(SystemExit) as raised:
         main(argv)

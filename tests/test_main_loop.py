@@ -1,4 +1,5 @@
 """MainLoop against Module.fit, across devices and update paths, and its hooks."""
+
 import logging
 
 import mxnet as mx
@@ -14,16 +15,25 @@ OPTIMIZER_PARAMS = {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}
 
 def iterator(X, y, batch_size=20, shuffle=True, seed=3):
     np.random.seed(seed)
-    return mx.io.NDArrayIter(X, y, batch_size=batch_size, shuffle=shuffle, label_name="softmax_label")
+    return mx.io.NDArrayIter(
+        X, y, batch_size=batch_size, shuffle=shuffle, label_name="softmax_label"
+    )
 
 
 def train_with_mxoid(contexts, kvstore="local", update_on_kvstore=None, epochs=3):
     X, y = classification_data()
     net = mlp()
-    loop = MainLoop(net, iterator(X, y), contexts=contexts, optimizer="sgd",
-                    optimizer_params=dict(OPTIMIZER_PARAMS), arg_params=initial_params(net, (20, 10)),
-                    kvstore=kvstore, update_on_kvstore=update_on_kvstore,
-                    extensions=[FinishAfter(after_n_epochs=epochs)])
+    loop = MainLoop(
+        net,
+        iterator(X, y),
+        contexts=contexts,
+        optimizer="sgd",
+        optimizer_params=dict(OPTIMIZER_PARAMS),
+        arg_params=initial_params(net, (20, 10)),
+        kvstore=kvstore,
+        update_on_kvstore=update_on_kvstore,
+        extensions=[FinishAfter(after_n_epochs=epochs)],
+    )
     loop.run()
     return {k: v.asnumpy() for k, v in loop.get_params()[0].items()}
 
@@ -32,9 +42,14 @@ def train_with_module_fit(contexts, epochs=3):
     X, y = classification_data()
     net = mlp()
     module = mx.mod.Module(net, context=contexts, logger=logging.getLogger("quiet"))
-    module.fit(iterator(X, y), num_epoch=epochs, optimizer="sgd",
-               optimizer_params=dict(OPTIMIZER_PARAMS), arg_params=initial_params(net, (20, 10)),
-               kvstore="local")
+    module.fit(
+        iterator(X, y),
+        num_epoch=epochs,
+        optimizer="sgd",
+        optimizer_params=dict(OPTIMIZER_PARAMS),
+        arg_params=initial_params(net, (20, 10)),
+        kvstore="local",
+    )
     return {k: v.asnumpy() for k, v in module.get_params()[0].items()}
 
 
@@ -67,8 +82,13 @@ def test_two_contexts_equal_one_context(kvstore, update_on_kvstore):
 def test_update_on_kvstore_choice_is_honoured():
     X, y = classification_data()
     for wanted in (True, False):
-        loop = MainLoop(mlp(), iterator(X, y), contexts=TWO_CPUS, update_on_kvstore=wanted,
-                        extensions=[FinishAfter(after_n_epochs=1)])
+        loop = MainLoop(
+            mlp(),
+            iterator(X, y),
+            contexts=TWO_CPUS,
+            update_on_kvstore=wanted,
+            extensions=[FinishAfter(after_n_epochs=1)],
+        )
         assert loop.update_on_kvstore is wanted
         assert (loop.updater is None) is wanted
         assert loop.kvstore is not None
@@ -77,8 +97,13 @@ def test_update_on_kvstore_choice_is_honoured():
 def test_kvstore_none_on_two_devices_is_refused():
     X, y = classification_data()
     with pytest.raises(ValueError, match="own gradients"):
-        MainLoop(mlp(), iterator(X, y), contexts=TWO_CPUS, kvstore=None,
-                 extensions=[FinishAfter(after_n_epochs=1)])
+        MainLoop(
+            mlp(),
+            iterator(X, y),
+            contexts=TWO_CPUS,
+            kvstore=None,
+            extensions=[FinishAfter(after_n_epochs=1)],
+        )
 
 
 class HookRecorder(Extension):
@@ -114,9 +139,15 @@ class HookRecorder(Extension):
 def test_each_hook_fires_the_documented_number_of_times_in_order():
     X, y = classification_data(n=100)
     calls = []
-    loop = MainLoop(mlp(), iterator(X, y, batch_size=25), extensions=[
-        HookRecorder(calls, name="first"), FinishAfter(after_n_epochs=2),
-        HookRecorder(calls, name="second")])
+    loop = MainLoop(
+        mlp(),
+        iterator(X, y, batch_size=25),
+        extensions=[
+            HookRecorder(calls, name="first"),
+            FinishAfter(after_n_epochs=2),
+            HookRecorder(calls, name="second"),
+        ],
+    )
     loop.run()
     firsts = [c[1:] for c in calls if c[0] == "first"]
     expected = [("before_training", 0, 0)]
@@ -136,9 +167,15 @@ def test_each_hook_fires_the_documented_number_of_times_in_order():
 def test_priority_orders_extensions_before_list_order():
     X, y = classification_data(n=50)
     calls = []
-    MainLoop(mlp(), iterator(X, y, batch_size=25), extensions=[
-        HookRecorder(calls, name="late", priority=10), HookRecorder(calls, name="early", priority=-1),
-        FinishAfter(after_n_batches=1)]).run()
+    MainLoop(
+        mlp(),
+        iterator(X, y, batch_size=25),
+        extensions=[
+            HookRecorder(calls, name="late", priority=10),
+            HookRecorder(calls, name="early", priority=-1),
+            FinishAfter(after_n_batches=1),
+        ],
+    ).run()
     assert [c[0] for c in calls if c[1] == "before_training"] == ["early", "late"]
 
 
@@ -157,8 +194,11 @@ class RecordWeightNorm(Extension):
 
 def test_user_extension_reads_loop_state_and_writes_records():
     X, y = classification_data(n=100)
-    loop = MainLoop(mlp(), iterator(X, y, batch_size=25),
-                    extensions=[RecordWeightNorm(), FinishAfter(after_n_epochs=2)])
+    loop = MainLoop(
+        mlp(),
+        iterator(X, y, batch_size=25),
+        extensions=[RecordWeightNorm(), FinishAfter(after_n_epochs=2)],
+    )
     loop.run()
     rows = {i: row["fc1_weight_norm"] for i, row in loop.log.items() if "fc1_weight_norm" in row}
     assert sorted(rows) == [2, 4, 6, 8]
@@ -177,12 +217,21 @@ def test_firing_conditions():
             status = self.main_loop.status
             fired.append((self.name, which_callback, status.iterations_done, status.epochs_done))
 
-    MainLoop(mlp(), iterator(X, y, batch_size=25), extensions=[
-        Note(name="every2epochs", every_n_epochs=2), Note(name="after3batches", after_n_batches=3),
-        Note(name="after1epoch", after_n_epochs=1), Note(name="edges", before_training=True,
-                                                         after_training=True),
-        FinishAfter(after_n_epochs=4)]).run()
-    assert [f[1:] for f in fired if f[0] == "every2epochs"] == [("after_epoch", 8, 2), ("after_epoch", 16, 4)]
+    MainLoop(
+        mlp(),
+        iterator(X, y, batch_size=25),
+        extensions=[
+            Note(name="every2epochs", every_n_epochs=2),
+            Note(name="after3batches", after_n_batches=3),
+            Note(name="after1epoch", after_n_epochs=1),
+            Note(name="edges", before_training=True, after_training=True),
+            FinishAfter(after_n_epochs=4),
+        ],
+    ).run()
+    assert [f[1:] for f in fired if f[0] == "every2epochs"] == [
+        ("after_epoch", 8, 2),
+        ("after_epoch", 16, 4),
+    ]
     assert [f[1:] for f in fired if f[0] == "after3batches"] == [("after_batch", 3, 0)]
     assert [f[1:] for f in fired if f[0] == "after1epoch"] == [("after_epoch", 4, 1)]
     assert [f[1] for f in fired if f[0] == "edges"] == ["before_training", "after_training"]
@@ -206,7 +255,9 @@ class StopAt(Extension):
 
 def test_stop_requested_in_after_batch_stops_after_that_batch():
     X, y = classification_data(n=100)
-    loop = MainLoop(mlp(), iterator(X, y, batch_size=25), extensions=[StopAt("after_batch", 6)]).run()
+    loop = MainLoop(
+        mlp(), iterator(X, y, batch_size=25), extensions=[StopAt("after_batch", 6)]
+    ).run()
     assert (loop.status.iterations_done, loop.status.epochs_done) == (6, 1)
     assert loop.status.epoch_started and loop.status.stop_reason == "batch limit"
     assert loop.log[6]["training_finish_requested"] == "batch limit"
@@ -214,15 +265,18 @@ def test_stop_requested_in_after_batch_stops_after_that_batch():
 
 def test_stop_requested_in_after_epoch_stops_after_that_epoch():
     X, y = classification_data(n=100)
-    loop = MainLoop(mlp(), iterator(X, y, batch_size=25), extensions=[StopAt("after_epoch", 3)]).run()
+    loop = MainLoop(
+        mlp(), iterator(X, y, batch_size=25), extensions=[StopAt("after_epoch", 3)]
+    ).run()
     assert (loop.status.iterations_done, loop.status.epochs_done) == (12, 3)
     assert not loop.status.epoch_started
 
 
 def test_finish_after_batches_stops_mid_epoch():
     X, y = classification_data(n=100)
-    loop = MainLoop(mlp(), iterator(X, y, batch_size=25),
-                    extensions=[FinishAfter(after_n_batches=5)]).run()
+    loop = MainLoop(
+        mlp(), iterator(X, y, batch_size=25), extensions=[FinishAfter(after_n_batches=5)]
+    ).run()
     assert loop.status.iterations_done == 5
 
 
@@ -243,8 +297,11 @@ class Boom(Extension):
 def test_error_in_a_hook_runs_on_error_records_it_and_names_the_extension():
     X, y = classification_data(n=100)
     boom, witness = Boom("after_batch", name="boomer"), Boom("none", name="witness")
-    loop = MainLoop(mlp(), iterator(X, y, batch_size=25),
-                    extensions=[boom, witness, FinishAfter(after_n_epochs=1)])
+    loop = MainLoop(
+        mlp(),
+        iterator(X, y, batch_size=25),
+        extensions=[boom, witness, FinishAfter(after_n_epochs=1)],
+    )
     with pytest.raises(RuntimeError, match="kaboom") as info:
         loop.run()
     assert any("'boomer'" in note and "after_batch" in note for note in info.value.__notes__)
@@ -258,20 +315,46 @@ def test_a_loop_nothing_can_stop_is_refused():
         MainLoop(mlp(), iterator(X, y), extensions=[Extension()])
 
 
-@pytest.mark.parametrize("make_kwargs, error, message", [
-    (lambda X, y: dict(extensions=[FinishAfter(after_n_epochs=1), "printing"]), TypeError,
-     "must be mxoid.Extension"),
-    (lambda X, y: dict(contexts=[], extensions=[FinishAfter(after_n_epochs=1)]), ValueError,
-     "contexts is empty"),
-    (lambda X, y: dict(optimizer="sgdd", extensions=[FinishAfter(after_n_epochs=1)]), ValueError,
-     "unknown optimizer 'sgdd'"),
-    (lambda X, y: dict(optimizer_params={"learning_rat": 0.1},
-                       extensions=[FinishAfter(after_n_epochs=1)]), ValueError, "learning_rat"),
-    (lambda X, y: dict(kvstore="locall", extensions=[FinishAfter(after_n_epochs=1)]), ValueError,
-     "unknown kvstore"),
-    (lambda X, y: dict(arg_params={"fc3_weight": mx.nd.zeros((2,))},
-                       extensions=[FinishAfter(after_n_epochs=1)]), ValueError, "fc3_weight"),
-])
+@pytest.mark.parametrize(
+    "make_kwargs, error, message",
+    [
+        (
+            lambda X, y: dict(extensions=[FinishAfter(after_n_epochs=1), "printing"]),
+            TypeError,
+            "must be mxoid.Extension",
+        ),
+        (
+            lambda X, y: dict(contexts=[], extensions=[FinishAfter(after_n_epochs=1)]),
+            ValueError,
+            "contexts is empty",
+        ),
+        (
+            lambda X, y: dict(optimizer="sgdd", extensions=[FinishAfter(after_n_epochs=1)]),
+            ValueError,
+            "unknown optimizer 'sgdd'",
+        ),
+        (
+            lambda X, y: dict(
+                optimizer_params={"learning_rat": 0.1}, extensions=[FinishAfter(after_n_epochs=1)]
+            ),
+            ValueError,
+            "learning_rat",
+        ),
+        (
+            lambda X, y: dict(kvstore="locall", extensions=[FinishAfter(after_n_epochs=1)]),
+            ValueError,
+            "unknown kvstore",
+        ),
+        (
+            lambda X, y: dict(
+                arg_params={"fc3_weight": mx.nd.zeros((2,))},
+                extensions=[FinishAfter(after_n_epochs=1)],
+            ),
+            ValueError,
+            "fc3_weight",
+        ),
+    ],
+)
 def test_bad_input_is_refused_at_construction(make_kwargs, error, message):
     X, y = classification_data()
     with pytest.raises(error, match=message):
@@ -281,8 +364,12 @@ def test_bad_input_is_refused_at_construction(make_kwargs, error, message):
 def test_batch_smaller_than_devices_is_refused():
     X, y = classification_data(n=10)
     with pytest.raises(ValueError, match="cannot be split across 2 devices"):
-        MainLoop(mlp(), iterator(X, y, batch_size=1), contexts=TWO_CPUS,
-                 extensions=[FinishAfter(after_n_epochs=1)])
+        MainLoop(
+            mlp(),
+            iterator(X, y, batch_size=1),
+            contexts=TWO_CPUS,
+            extensions=[FinishAfter(after_n_epochs=1)],
+        )
 
 
 def test_label_name_the_symbol_does_not_take_is_refused():
@@ -306,8 +393,11 @@ def test_data_shape_the_symbol_rejects_is_refused():
 
 def test_profile_accounts_time_per_extension_and_hook():
     X, y = classification_data(n=100)
-    loop = MainLoop(mlp(), iterator(X, y, batch_size=25),
-                    extensions=[RecordWeightNorm(), FinishAfter(after_n_epochs=1)]).run()
+    loop = MainLoop(
+        mlp(),
+        iterator(X, y, batch_size=25),
+        extensions=[RecordWeightNorm(), FinishAfter(after_n_epochs=1)],
+    ).run()
     rows = {(name, hook): calls for name, hook, calls, seconds in loop.profile()}
     assert rows[("RecordWeightNorm", "after_batch")] == 4
     assert ("RecordWeightNorm", "after_epoch") not in rows  # not handled, never dispatched
@@ -317,8 +407,14 @@ def test_profile_accounts_time_per_extension_and_hook():
 def test_update_functions_compose_a_hand_loop_equal_to_main_loop(on_kvstore):
     """The update functions used directly, as a user writing their own loop would."""
     from mxoid import DataParallelExecutorManager
-    from mxoid.update import (create_kvstore, create_optimizer, initialize_kvstore, kvstore_keys,
-                              update_params, update_params_on_kvstore)
+    from mxoid.update import (
+        create_kvstore,
+        create_optimizer,
+        initialize_kvstore,
+        kvstore_keys,
+        update_params,
+        update_params_on_kvstore,
+    )
 
     X, y = classification_data(n=60)
     net = mlp()
@@ -327,9 +423,16 @@ def test_update_functions_compose_a_hand_loop_equal_to_main_loop(on_kvstore):
     manager = DataParallelExecutorManager(net, TWO_CPUS, train.provide_data, train.provide_label)
     manager.set_params(params)
     kv, on_kv = create_kvstore("local", 2, on_kvstore)
-    optimizer = create_optimizer("sgd", dict(OPTIMIZER_PARAMS), symbol=net,
-                                 param_names=manager.param_names, num_devices=2, batch_size=20,
-                                 kvstore=kv, update_on_kvstore=on_kv)
+    optimizer = create_optimizer(
+        "sgd",
+        dict(OPTIMIZER_PARAMS),
+        symbol=net,
+        param_names=manager.param_names,
+        num_devices=2,
+        batch_size=20,
+        kvstore=kv,
+        update_on_kvstore=on_kv,
+    )
     keys = kvstore_keys(kv, manager.param_names)
     initialize_kvstore(kv, manager.param_arrays, params, manager.param_names, on_kv, keys)
     if on_kv:
@@ -343,8 +446,16 @@ def test_update_functions_compose_a_hand_loop_equal_to_main_loop(on_kvstore):
             update_params_on_kvstore(manager.param_arrays, manager.grad_arrays, kv, keys)
         else:
             update_params(manager.param_arrays, manager.grad_arrays, updater, 2, kv, keys)
-    loop = MainLoop(net, iterator(X, y, shuffle=False), contexts=TWO_CPUS,
-                    optimizer_params=dict(OPTIMIZER_PARAMS), arg_params=params,
-                    update_on_kvstore=on_kvstore, extensions=[FinishAfter(after_n_epochs=1)]).run()
-    assert_params_close({k: v.asnumpy() for k, v in manager.get_params()[0].items()},
-                        {k: v.asnumpy() for k, v in loop.get_params()[0].items()})
+    loop = MainLoop(
+        net,
+        iterator(X, y, shuffle=False),
+        contexts=TWO_CPUS,
+        optimizer_params=dict(OPTIMIZER_PARAMS),
+        arg_params=params,
+        update_on_kvstore=on_kvstore,
+        extensions=[FinishAfter(after_n_epochs=1)],
+    ).run()
+    assert_params_close(
+        {k: v.asnumpy() for k, v in manager.get_params()[0].items()},
+        {k: v.asnumpy() for k, v in loop.get_params()[0].items()},
+    )

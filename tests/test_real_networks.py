@@ -8,6 +8,7 @@ each epoch end (``get_params()``, then ``set_params()`` on every device) without
 waiting, so it can write stale statistics back. :class:`WaitingModule` waits for
 the engine before that read; nothing else of ``Module`` changes.
 """
+
 import logging
 import os
 import shutil
@@ -20,8 +21,7 @@ from mxoid import Checkpoint, Evaluate, Extension, FinishAfter, MainLoop, Traini
 from mxoid.checkpoint import list_checkpoints, read_checkpoint
 
 from conftest import TWO_CPUS
-from networks import (NETWORKS, digits_images, fix_gamma_names, initial_params, network,
-                      resnet20)
+from networks import NETWORKS, digits_images, fix_gamma_names, initial_params, network, resnet20
 
 BATCH = 32
 OPTIMIZER_PARAMS = {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-4}
@@ -38,8 +38,7 @@ def train_iter(n=128, seed=3):
 def valid_iter(batch_size=BATCH):
     X, y = digits_images()
     # 100 samples: at batch 32 the last batch is padded, and padding must not count.
-    return mx.io.NDArrayIter(X[-100:], y[-100:], batch_size=batch_size,
-                             label_name="softmax_label")
+    return mx.io.NDArrayIter(X[-100:], y[-100:], batch_size=batch_size, label_name="softmax_label")
 
 
 def host(params):
@@ -50,9 +49,19 @@ def make_loop(name, contexts, extensions, kvstore="local", resume_from=None, n=1
     net = network(name)
     args, aux = initial_params(net, (BATCH, 1, 8, 8))
     mx.random.seed(SEED)
-    return MainLoop(net, train_iter(n), contexts=contexts, kvstore=kvstore, arg_params=args,
-                    aux_params=aux, optimizer="sgd", optimizer_params=dict(OPTIMIZER_PARAMS),
-                    extensions=extensions, resume_from=resume_from, exit_on_interrupt=False)
+    return MainLoop(
+        net,
+        train_iter(n),
+        contexts=contexts,
+        kvstore=kvstore,
+        arg_params=args,
+        aux_params=aux,
+        optimizer="sgd",
+        optimizer_params=dict(OPTIMIZER_PARAMS),
+        extensions=extensions,
+        resume_from=resume_from,
+        exit_on_interrupt=False,
+    )
 
 
 def loop_params(loop):
@@ -83,9 +92,15 @@ def module_fit(name, contexts, kvstore, epochs, module_class=WaitingModule):
     args, aux = initial_params(net, (BATCH, 1, 8, 8))
     mx.random.seed(SEED)
     module = module_class(net, context=contexts, logger=logging.getLogger("quiet"))
-    module.fit(train_iter(), num_epoch=epochs, optimizer="sgd",
-               optimizer_params=dict(OPTIMIZER_PARAMS), arg_params=args, aux_params=aux,
-               kvstore=kvstore)
+    module.fit(
+        train_iter(),
+        num_epoch=epochs,
+        optimizer="sgd",
+        optimizer_params=dict(OPTIMIZER_PARAMS),
+        arg_params=args,
+        aux_params=aux,
+        kvstore=kvstore,
+    )
     mx.nd.waitall()
     got_args, got_aux = module.get_params()
     return host(got_args), host(got_aux)
@@ -123,19 +138,32 @@ def test_module_fit_itself_saves_stale_batchnorm_statistics():
     results = {}
     for name, module_class in (("waiting", WaitingModule), ("stock", mx.mod.Module)):
         module = module_class(net, context=[mx.cpu()], logger=logging.getLogger("quiet"))
-        module.fit(mx.io.NDArrayIter(X, y, BATCH, label_name="softmax_label"), num_epoch=1,
-                   optimizer="sgd", optimizer_params=dict(OPTIMIZER_PARAMS), arg_params=args,
-                   aux_params=aux)
+        module.fit(
+            mx.io.NDArrayIter(X, y, BATCH, label_name="softmax_label"),
+            num_epoch=1,
+            optimizer="sgd",
+            optimizer_params=dict(OPTIMIZER_PARAMS),
+            arg_params=args,
+            aux_params=aux,
+        )
         mx.nd.waitall()
         results[name] = host(module.get_params()[1])
-    loop = MainLoop(net, mx.io.NDArrayIter(X, y, BATCH, label_name="softmax_label"),
-                    arg_params=args, aux_params=aux, optimizer_params=dict(OPTIMIZER_PARAMS),
-                    extensions=[FinishAfter(after_n_epochs=1)]).run()
+    loop = MainLoop(
+        net,
+        mx.io.NDArrayIter(X, y, BATCH, label_name="softmax_label"),
+        arg_params=args,
+        aux_params=aux,
+        optimizer_params=dict(OPTIMIZER_PARAMS),
+        extensions=[FinishAfter(after_n_epochs=1)],
+    ).run()
     ours = loop_params(loop)[1]
     assert_same(ours, results["waiting"])
     right, wrong = results["waiting"], results["stock"]
-    errors = {k: np.abs(wrong[k] - right[k]).max() / np.abs(right[k]).max()
-              for k in right if k.endswith("moving_var")}
+    errors = {
+        k: np.abs(wrong[k] - right[k]).max() / np.abs(right[k]).max()
+        for k in right
+        if k.endswith("moving_var")
+    }
     assert max(errors.values()) > 0.05, errors
 
 
@@ -154,9 +182,13 @@ class EveryDeviceAfterWait(Extension):
             return
         mx.nd.waitall()
         manager = self.main_loop.manager
-        devices = [({n: a[k].asnumpy() for n, a in zip(manager.param_names, manager.param_arrays)},
-                    {n: a[k].asnumpy() for n, a in zip(manager.aux_names, manager.aux_arrays)})
-                   for k in range(len(manager.contexts))]
+        devices = [
+            (
+                {n: a[k].asnumpy() for n, a in zip(manager.param_names, manager.param_arrays)},
+                {n: a[k].asnumpy() for n, a in zip(manager.aux_names, manager.aux_arrays)},
+            )
+            for k in range(len(manager.contexts))
+        ]
         self.seen.append((row["checkpoint_saved_to"], devices))
 
 
@@ -165,9 +197,11 @@ class EveryDeviceAfterWait(Extension):
 @pytest.mark.parametrize("name", NETWORKS)
 def test_every_checkpoint_holds_what_every_device_holds(tmp_path, name, devices, with_evaluate):
     seen = []
-    extensions = [FinishAfter(after_n_epochs=2), Checkpoint(str(tmp_path), every_n_batches=3,
-                                                            keep_last=None),
-                  EveryDeviceAfterWait(seen)]
+    extensions = [
+        FinishAfter(after_n_epochs=2),
+        Checkpoint(str(tmp_path), every_n_batches=3, keep_last=None),
+        EveryDeviceAfterWait(seen),
+    ]
     if with_evaluate:
         extensions.append(Evaluate({"valid": valid_iter()}, ["acc", "ce"]))
     make_loop(name, DEVICES[devices], extensions).run()
@@ -182,8 +216,9 @@ def test_every_checkpoint_holds_what_every_device_holds(tmp_path, name, devices,
 def predict_with_module(path, contexts):
     """Load a checkpoint folder with mx.mod.Module and predict the validation samples."""
     epoch = read_checkpoint(path).loop_state["status"]["epochs_done"]
-    module = mx.mod.Module.load(os.path.join(path, "model"), epoch, context=contexts,
-                                logger=logging.getLogger("quiet"))
+    module = mx.mod.Module.load(
+        os.path.join(path, "model"), epoch, context=contexts, logger=logging.getLogger("quiet")
+    )
     it = valid_iter()
     module.bind(it.provide_data, it.provide_label, for_training=False)
     return module.predict(it).asnumpy()  # Module.predict drops the padding
@@ -200,13 +235,20 @@ def accuracy_and_cross_entropy(probabilities):
 @pytest.mark.parametrize("devices", ["one", "two"])
 @pytest.mark.parametrize("name", NETWORKS)
 def test_a_checkpoint_loaded_in_module_predicts_what_evaluate_recorded(tmp_path, name, devices):
-    loop = make_loop(name, DEVICES[devices], [
-        FinishAfter(after_n_epochs=2), Evaluate({"valid": valid_iter()}, ["acc", "ce"]),
-        Checkpoint(str(tmp_path), keep_last=None)]).run()
+    loop = make_loop(
+        name,
+        DEVICES[devices],
+        [
+            FinishAfter(after_n_epochs=2),
+            Evaluate({"valid": valid_iter()}, ["acc", "ce"]),
+            Checkpoint(str(tmp_path), keep_last=None),
+        ],
+    ).run()
     for iteration in (4, 8):
         row = loop.log[iteration]
         accuracy, cross_entropy = accuracy_and_cross_entropy(
-            predict_with_module(row["checkpoint_saved_to"], [mx.cpu()]))
+            predict_with_module(row["checkpoint_saved_to"], [mx.cpu()])
+        )
         assert row["valid_accuracy"] == pytest.approx(accuracy, abs=1e-9)
         assert row["valid_cross_entropy"] == pytest.approx(cross_entropy, rel=1e-5)
 
@@ -214,9 +256,15 @@ def test_a_checkpoint_loaded_in_module_predicts_what_evaluate_recorded(tmp_path,
 @pytest.mark.parametrize("name", NETWORKS)
 def test_two_device_evaluation_equals_one_device_evaluation_of_get_params(name):
     evaluate = Evaluate({"valid": valid_iter(), "small": valid_iter(batch_size=10)}, ["acc", "ce"])
-    loop = make_loop(name, TWO_CPUS, [FinishAfter(after_n_batches=6), evaluate,
-                                      Evaluate({"mid": valid_iter()}, ["acc", "ce"],
-                                               every_n_batches=6, name="mid")]).run()
+    loop = make_loop(
+        name,
+        TWO_CPUS,
+        [
+            FinishAfter(after_n_batches=6),
+            evaluate,
+            Evaluate({"mid": valid_iter()}, ["acc", "ce"], every_n_batches=6, name="mid"),
+        ],
+    ).run()
     args, aux = loop.get_params()
     one = make_loop(name, [mx.cpu()], [FinishAfter(after_n_epochs=1)])
     one.manager.set_params(args, aux)
@@ -229,7 +277,8 @@ def test_two_device_evaluation_equals_one_device_evaluation_of_get_params(name):
             continue
         assert records[f"{prefix}_accuracy"] == pytest.approx(expected["valid_accuracy"], abs=1e-9)
         assert records[f"{prefix}_cross_entropy"] == pytest.approx(
-            expected["valid_cross_entropy"], rel=1e-5)
+            expected["valid_cross_entropy"], rel=1e-5
+        )
     assert "mid_accuracy" in records
 
 
@@ -238,9 +287,15 @@ def test_two_device_evaluation_equals_one_device_evaluation_of_get_params(name):
 def test_evaluation_at_the_training_batch_size_does_not_change_training(name, devices):
     """Evaluation runs on the training executors here (same shapes), under MKLDNN."""
     plain = loop_params(make_loop(name, DEVICES[devices], [FinishAfter(after_n_epochs=3)]).run())
-    evaluated_loop = make_loop(name, DEVICES[devices], [
-        FinishAfter(after_n_epochs=3), Evaluate({"valid": valid_iter()}, ["acc", "ce"]),
-        TrainingMonitoring(["acc", "ce"])])
+    evaluated_loop = make_loop(
+        name,
+        DEVICES[devices],
+        [
+            FinishAfter(after_n_epochs=3),
+            Evaluate({"valid": valid_iter()}, ["acc", "ce"]),
+            TrainingMonitoring(["acc", "ce"]),
+        ],
+    )
     assert evaluated_loop.extensions[1]._accumulators["valid"].manager is evaluated_loop.manager
     evaluated = loop_params(evaluated_loop.run())
     assert "valid_accuracy" in evaluated_loop.log[12]
@@ -255,17 +310,22 @@ def test_evaluation_at_the_training_batch_size_does_not_change_training(name, de
 
 # ----------------------------------------------------------------- resumption
 def resumable_extensions(directory, epochs):
-    return [FinishAfter(after_n_epochs=epochs),
-            TrainingMonitoring(["acc", "ce"], every_n_batches=3),
-            Evaluate({"valid": valid_iter()}, ["acc", "ce"]),
-            Checkpoint(str(directory), every_n_batches=3, keep_last=None)]
+    return [
+        FinishAfter(after_n_epochs=epochs),
+        TrainingMonitoring(["acc", "ce"], every_n_batches=3),
+        Evaluate({"valid": valid_iter()}, ["acc", "ce"]),
+        Checkpoint(str(directory), every_n_batches=3, keep_last=None),
+    ]
 
 
 def comparable_rows(loop):
     rows = {}
     for iteration, row in loop.log.items():
-        rows[iteration] = {k: (os.path.basename(v).split("-", 2)[2] if k == "checkpoint_saved_to"
-                               else v) for k, v in row.items() if k != "resumed_from"}
+        rows[iteration] = {
+            k: (os.path.basename(v).split("-", 2)[2] if k == "checkpoint_saved_to" else v)
+            for k, v in row.items()
+            if k != "resumed_from"
+        }
     return rows
 
 
@@ -281,8 +341,12 @@ def test_resumption_is_bit_identical(tmp_path, name, devices, where):
     shutil.copytree(source, tmp_path / "cut" / os.path.basename(source))
     np.random.seed(99)
     mx.random.seed(99)  # whatever ran in between: resumption restores the random states
-    resumed = make_loop(name, DEVICES[devices], resumable_extensions(tmp_path / "cut", 3),
-                        resume_from=str(tmp_path / "cut"))
+    resumed = make_loop(
+        name,
+        DEVICES[devices],
+        resumable_extensions(tmp_path / "cut", 3),
+        resume_from=str(tmp_path / "cut"),
+    )
     assert resumed.resumed_from is not None
     resumed.run()
     full_params, resumed_params = loop_params(full), loop_params(resumed)

@@ -1,4 +1,5 @@
 """FusedSGDUpdater computes exactly what MXNet's stock updater does."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -61,10 +62,22 @@ def test_bias_gets_no_weight_decay_and_lr_mult_applies():
 def test_kvstore_string_keys_as_bytes_map_to_names():
     """The kvstore calls its updater with byte-string keys; weight decay must follow the names."""
     names = [name.encode() for name in NAMES]
-    stock_optimizer = mx.optimizer.create("sgd", learning_rate=0.1, momentum=0.9, wd=0.5,
-                                          sym=mlp(), param_idx2name=dict(enumerate(NAMES)))
-    fused_optimizer = mx.optimizer.create("sgd", learning_rate=0.1, momentum=0.9, wd=0.5,
-                                          sym=mlp(), param_idx2name=dict(enumerate(NAMES)))
+    stock_optimizer = mx.optimizer.create(
+        "sgd",
+        learning_rate=0.1,
+        momentum=0.9,
+        wd=0.5,
+        sym=mlp(),
+        param_idx2name=dict(enumerate(NAMES)),
+    )
+    fused_optimizer = mx.optimizer.create(
+        "sgd",
+        learning_rate=0.1,
+        momentum=0.9,
+        wd=0.5,
+        sym=mlp(),
+        param_idx2name=dict(enumerate(NAMES)),
+    )
     stock = run(mx.optimizer.get_updater(stock_optimizer), batched=False, keys=names)
     fused = run(FusedSGDUpdater(fused_optimizer), batched=False, keys=names)
     for a, b in zip(stock, fused):
@@ -79,16 +92,23 @@ def test_learning_rate_set_during_training_is_used():
 
 
 def adam():
-    return mx.optimizer.create("adam", learning_rate=0.01, rescale_grad=1 / 8, sym=mlp(),
-                               param_idx2name=dict(enumerate(NAMES)))
+    return mx.optimizer.create(
+        "adam",
+        learning_rate=0.01,
+        rescale_grad=1 / 8,
+        sym=mlp(),
+        param_idx2name=dict(enumerate(NAMES)),
+    )
 
 
 def sgd_with_scheduler():
     return make_optimizer(lr_scheduler=mx.lr_scheduler.FactorScheduler(step=2, factor=0.5))
 
 
-@pytest.mark.parametrize("build", [adam, sgd_with_scheduler, lambda: make_optimizer("nag"),
-                                   lambda: make_optimizer(momentum=0.0)])
+@pytest.mark.parametrize(
+    "build",
+    [adam, sgd_with_scheduler, lambda: make_optimizer("nag"), lambda: make_optimizer(momentum=0.0)],
+)
 def test_other_optimizers_take_the_stock_path(build):
     stock = run(mx.optimizer.get_updater(build()))
     updater = FusedSGDUpdater(build())

@@ -10,14 +10,45 @@ The :class:`~mxoid.extensions.Checkpoint` extension writes checkpoints;
 :meth:`mxoid.MainLoop.state_dict` and :meth:`~mxoid.MainLoop.load_state_dict`
 say what the loop puts in them.
 """
-from .directory import (DirectoryLock, clean_temporaries, find_checkpoint, is_checkpoint_folder,
-                        latest_checkpoint, list_checkpoints, next_sequence, remove_checkpoint)
-from .format import (FORMAT_VERSION, LOOP_STATE_KEYS, CheckpointContents, CheckpointError,
-                     ResumeError, checkpoint_name, read_checkpoint, read_manifest,
-                     write_checkpoint)
 
-__all__ = ["FORMAT_VERSION", "LOOP_STATE_KEYS", "CheckpointContents", "CheckpointError",
-           "DirectoryLock", "ResumeError", "checkpoint_name", "clean_temporaries",
-           "find_checkpoint", "is_checkpoint_folder", "latest_checkpoint", "list_checkpoints",
-           "next_sequence", "read_checkpoint", "read_manifest", "remove_checkpoint",
-           "write_checkpoint"]
+from .directory import (
+    DirectoryLock,
+    clean_temporaries,
+    find_checkpoint,
+    is_checkpoint_folder,
+    latest_checkpoint,
+    list_checkpoints,
+    next_sequence,
+    remove_checkpoint,
+)
+from .format import (
+    FORMAT_VERSION,
+    LOOP_STATE_KEYS,
+    CheckpointContents,
+    CheckpointError,
+    ResumeError,
+    checkpoint_name,
+    read_checkpoint,
+    read_manifest,
+    write_checkpoint,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "LOOP_STATE_KEYS",
+    "CheckpointContents",
+    "CheckpointError",
+    "DirectoryLock",
+    "ResumeError",
+    "checkpoint_name",
+    "clean_temporaries",
+    "find_checkpoint",
+    "is_checkpoint_folder",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "next_sequence",
+    "read_checkpoint",
+    "read_manifest",
+    "remove_checkpoint",
+    "write_checkpoint",
+]

@@ -16,6 +16,7 @@ same order of samples, same next batch. How depends on the iterator:
   not the first), and the batches already trained are read and skipped,
   with a warning.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -35,7 +36,9 @@ def _repositionable(iterator: Any) -> bool:
 
 
 def _shapes(iterator: Any) -> List[List[Any]]:
-    return [[d[0], list(d[1])] for d in list(iterator.provide_data) + list(iterator.provide_label or [])]
+    return [
+        [d[0], list(d[1])] for d in list(iterator.provide_data) + list(iterator.provide_label or [])
+    ]
 
 
 class DataPosition:
@@ -70,11 +73,15 @@ class DataPosition:
         it = self.iterator
         shapes = _shapes(it)
         if self._direct:
-            return {"kind": "ndarrayiter", "cursor": int(it.cursor),
-                    "idx": np.asarray(it.idx).tolist(), "num_data": int(it.num_data),
-                    "order": None if self._order is None else self._order.tolist(),
-                    "rolled_over": it._cache_data is not None or it._cache_label is not None,
-                    "shapes": shapes}
+            return {
+                "kind": "ndarrayiter",
+                "cursor": int(it.cursor),
+                "idx": np.asarray(it.idx).tolist(),
+                "num_data": int(it.num_data),
+                "order": None if self._order is None else self._order.tolist(),
+                "rolled_over": it._cache_data is not None or it._cache_label is not None,
+                "shapes": shapes,
+            }
         if hasattr(it, "state_dict") and hasattr(it, "load_state_dict"):
             return {"kind": "own", "state": it.state_dict(), "shapes": shapes}
         return {"kind": "replay", "epoch_start_random": self._epoch_start_random, "shapes": shapes}
@@ -82,13 +89,17 @@ class DataPosition:
     def check(self, state: Dict[str, Any], where: str) -> None:
         """Raise ``ValueError`` when this iterator is not the one of ``state``: other inputs or
         shapes, another kind, or (``NDArrayIter``) another number of samples."""
+
         def refuse(what: str) -> None:
-            raise ResumeError(f"checkpoint {where} was trained on other data: {what}. Resume "
-                              "with the training iterator built as for the interrupted run")
+            raise ResumeError(
+                f"checkpoint {where} was trained on other data: {what}. Resume "
+                "with the training iterator built as for the interrupted run"
+            )
 
         if state.get("shapes") is not None and state["shapes"] != _shapes(self.iterator):
-            refuse(f"its inputs were {state['shapes']}, this iterator gives "
-                   f"{_shapes(self.iterator)}")
+            refuse(
+                f"its inputs were {state['shapes']}, this iterator gives {_shapes(self.iterator)}"
+            )
         kind = "ndarrayiter" if self._direct else None
         if state["kind"] == "ndarrayiter" and kind != "ndarrayiter":
             refuse(f"it was an mx.io.NDArrayIter, this is a {type(self.iterator).__name__}")
@@ -97,8 +108,13 @@ class DataPosition:
             if saved != self.iterator.num_data:
                 refuse(f"it had {saved} samples, this iterator has {self.iterator.num_data}")
 
-    def restore(self, state: Dict[str, Any], epochs_done: int, epoch_started: bool,
-                batches_done_in_epoch: int) -> None:
+    def restore(
+        self,
+        state: Dict[str, Any],
+        epochs_done: int,
+        epoch_started: bool,
+        batches_done_in_epoch: int,
+    ) -> None:
         """Put a freshly built iterator where :meth:`state_dict` found the old one.
 
         Parameters
@@ -115,8 +131,9 @@ class DataPosition:
         elif kind == "own":
             it.load_state_dict(state["state"])
         else:
-            self._replay(state.get("epoch_start_random"), epochs_done, epoch_started,
-                         batches_done_in_epoch)
+            self._replay(
+                state.get("epoch_start_random"), epochs_done, epoch_started, batches_done_in_epoch
+            )
 
     def _restore_ndarrayiter(self, state: Dict[str, Any]) -> None:
         it = self.iterator
@@ -132,8 +149,13 @@ class DataPosition:
             it._cache_data = it._batchify(it.data)
             it._cache_label = it._batchify(it.label)
 
-    def _replay(self, epoch_start_random: Optional[Dict[str, Any]], epochs_done: int,
-                epoch_started: bool, batches_done_in_epoch: int) -> None:
+    def _replay(
+        self,
+        epoch_start_random: Optional[Dict[str, Any]],
+        epochs_done: int,
+        epoch_started: bool,
+        batches_done_in_epoch: int,
+    ) -> None:
         it = self.iterator
         if not epoch_started:
             # The next epoch starts with the loop's own reset; nothing to skip.
@@ -142,7 +164,9 @@ class DataPosition:
             f"{type(it).__name__} cannot be repositioned directly: replaying the "
             f"{batches_done_in_epoch} batches of the interrupted epoch to reach the "
             "checkpoint's position. Give the iterator state_dict()/load_state_dict() "
-            "to avoid this.", stacklevel=3)
+            "to avoid this.",
+            stacklevel=3,
+        )
         if epochs_done > 0:
             if epoch_start_random is not None:
                 set_random_states(epoch_start_random)

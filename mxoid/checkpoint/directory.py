@@ -14,6 +14,7 @@ What ``resume_from`` accepts (:func:`find_checkpoint`)
 
 Anything else (a path that does not exist, a file) is an error.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -24,24 +25,52 @@ import socket
 import warnings
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
-from .format import (CANNOT_WRITE, FOLDER_NAME, LOOP_STATE, MANIFEST, PREFIX, TEMPORARY_NAME,
-                     CheckpointContents, CheckpointError, read_checkpoint, unique_token)
+from .format import (
+    CANNOT_WRITE,
+    FOLDER_NAME,
+    LOOP_STATE,
+    MANIFEST,
+    PREFIX,
+    TEMPORARY_NAME,
+    CheckpointContents,
+    CheckpointError,
+    read_checkpoint,
+    unique_token,
+)
 
-__all__ = ["DirectoryLock", "clean_temporaries", "find_checkpoint", "is_checkpoint_folder",
-           "latest_checkpoint", "list_checkpoints", "next_sequence", "remove_checkpoint"]
+__all__ = [
+    "DirectoryLock",
+    "clean_temporaries",
+    "find_checkpoint",
+    "is_checkpoint_folder",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "next_sequence",
+    "remove_checkpoint",
+]
 
 LOCK = ".mxoid-lock"
-LOCKED = ("checkpoint directory {directory} is in use by another run ({holder}); two runs "
-          "writing into one directory would overwrite and prune each other's checkpoints. Give "
-          "this run another directory, or stop the other one")
-NO_CHECKPOINT_YET = ("resume_from={path!r} holds no whole checkpoint yet (no checkpoint at all): "
-                     "training starts from scratch")
-NOT_FOUND = ("resume_from={path!r} does not exist. To resume, give the directory a Checkpoint "
-             "extension wrote into (or one checkpoint folder inside it); to start a new run, "
-             "give no resume_from, or the directory of this loop's own Checkpoint")
-ALL_DAMAGED = ("every checkpoint in {path} is damaged, so there is nothing to resume from:\n"
-               "{errors}\nRepair or remove them to start over there, or resume from another "
-               "directory")
+LOCKED = (
+    "checkpoint directory {directory} is in use by another run ({holder}); two runs "
+    "writing into one directory would overwrite and prune each other's checkpoints. Give "
+    "this run another directory, or stop the other one"
+)
+NO_CHECKPOINT_YET = (
+    "resume_from={path!r} holds no whole checkpoint yet (no checkpoint at all): "
+    "training starts from scratch"
+)
+NOT_FOUND = (
+    "resume_from={path!r} does not exist. To resume, give the directory a Checkpoint "
+    "extension wrote into (or one checkpoint folder inside it); to start a new run, "
+    "give no resume_from, or the directory of this loop's own Checkpoint"
+)
+ALL_DAMAGED = (
+    "every checkpoint in {path} is damaged, so there is nothing to resume from:\n"
+    "{errors}\nRepair or remove them to start over there, or resume from another "
+    "directory"
+)
+
+
 def list_checkpoints(directory: str) -> List[str]:
     """Checkpoint folders in ``directory`` (renamed into place, maybe damaged), oldest first
     (by sequence number, which is the order they were written)."""
@@ -57,7 +86,9 @@ def list_checkpoints(directory: str) -> List[str]:
 
 def next_sequence(directory: str) -> int:
     """The sequence number of the next checkpoint written into ``directory``."""
-    numbers = [int(FOLDER_NAME.match(os.path.basename(p)).group(1)) for p in list_checkpoints(directory)]
+    numbers = [
+        int(FOLDER_NAME.match(os.path.basename(p)).group(1)) for p in list_checkpoints(directory)
+    ]
     return max(numbers, default=0) + 1
 
 
@@ -66,11 +97,13 @@ def is_checkpoint_folder(path: str) -> bool:
     of them: it has a manifest or MXNet's files."""
     return os.path.isdir(path) and any(
         os.path.exists(os.path.join(path, name))
-        for name in (MANIFEST, LOOP_STATE, f"{PREFIX}-symbol.json"))
+        for name in (MANIFEST, LOOP_STATE, f"{PREFIX}-symbol.json")
+    )
 
 
-def latest_checkpoint(directory: str, *, check_finite: bool = False
-                      ) -> Optional[CheckpointContents]:
+def latest_checkpoint(
+    directory: str, *, check_finite: bool = False
+) -> Optional[CheckpointContents]:
     """Return the newest whole checkpoint in ``directory``, or None if there is none.
 
     Damaged or incomplete checkpoints are skipped with a warning naming the file.
@@ -149,9 +182,13 @@ class DirectoryLock:
             os.makedirs(self.directory, exist_ok=True)
             descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
-            raise CheckpointError(CANNOT_WRITE.format(
-                path=self.directory, cause=f"{error.strerror} ({error.filename})",
-                fix="make it writable, or point Checkpoint at another folder")) from None
+            raise CheckpointError(
+                CANNOT_WRITE.format(
+                    path=self.directory,
+                    cause=f"{error.strerror} ({error.filename})",
+                    fix="make it writable, or point Checkpoint at another folder",
+                )
+            ) from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -167,9 +204,13 @@ class DirectoryLock:
             os.rmdir(probe)
         except OSError as error:
             os.close(descriptor)
-            raise CheckpointError(CANNOT_WRITE.format(
-                path=self.directory, cause=f"{error.strerror} ({error.filename or self.path})",
-                fix="make it writable, or point Checkpoint at another folder")) from None
+            raise CheckpointError(
+                CANNOT_WRITE.format(
+                    path=self.directory,
+                    cause=f"{error.strerror} ({error.filename or self.path})",
+                    fix="make it writable, or point Checkpoint at another folder",
+                )
+            ) from None
         self._descriptor = descriptor
 
     def release(self) -> None:
@@ -178,9 +219,11 @@ class DirectoryLock:
             self._descriptor = None
 
 
-def find_checkpoint(resume_from: Optional["os.PathLike[str] | str"],
-                    own_directories: Sequence[str] = (),
-                    check: Any = None) -> Optional[CheckpointContents]:
+def find_checkpoint(
+    resume_from: Optional["os.PathLike[str] | str"],
+    own_directories: Sequence[str] = (),
+    check: Any = None,
+) -> Optional[CheckpointContents]:
     """The checkpoint ``resume_from`` names, under the rules of this module's documentation.
 
     Parameters
@@ -213,8 +256,10 @@ def find_checkpoint(resume_from: Optional["os.PathLike[str] | str"],
             return None
         raise ValueError(NOT_FOUND.format(path=os.fspath(resume_from)))
     if not os.path.isdir(path):
-        raise ValueError(f"resume_from={os.fspath(resume_from)!r} is a file, not a checkpoint "
-                         "directory or folder")
+        raise ValueError(
+            f"resume_from={os.fspath(resume_from)!r} is a file, not a checkpoint "
+            "directory or folder"
+        )
     folders = list_checkpoints(path)
     if not folders:
         warnings.warn(NO_CHECKPOINT_YET.format(path=os.fspath(resume_from)), stacklevel=3)

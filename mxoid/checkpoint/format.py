@@ -28,6 +28,7 @@ match its files is reported as damaged, naming the file. Directories of
 checkpoints (order, locking, tidying, what ``resume_from`` names) are
 :mod:`mxoid.checkpoint.directory`.
 """
+
 from __future__ import annotations
 
 import errno
@@ -69,12 +70,21 @@ FOLDER_NAME = re.compile(r"^checkpoint-(\d+)-epoch(\d+)-batch(\d+)$")
 # newer one of the same name; .deleting-<name>-<token>: being deleted. (.old-... and
 # .tmp-...-<pid> are the names of earlier mxoid versions.)
 TEMPORARY_NAME = re.compile(r"^\.(tmp|retired|deleting|old)-(.+)-([0-9a-f]{12}|\d+)$")
-LOOP_STATE_KEYS = ("log", "status", "extensions", "random", "data_position", "num_devices",
-                   "update_on_kvstore")
+LOOP_STATE_KEYS = (
+    "log",
+    "status",
+    "extensions",
+    "random",
+    "data_position",
+    "num_devices",
+    "update_on_kvstore",
+)
 """What every ``loop.json`` holds (:meth:`mxoid.MainLoop.state_dict` writes them, with more)."""
 
-CANNOT_WRITE = ("cannot write checkpoint {path}: {cause}. Nothing was saved there (the "
-                "previous checkpoints are whole); {fix}")
+CANNOT_WRITE = (
+    "cannot write checkpoint {path}: {cause}. Nothing was saved there (the "
+    "previous checkpoints are whole); {fix}"
+)
 
 
 class CheckpointError(ValueError):
@@ -119,10 +129,17 @@ def unique_token() -> str:
 
 
 # ------------------------------------------------------------------- writing
-def write_checkpoint(path: str, symbol: mx.sym.Symbol, arg_params: Dict[str, mx.nd.NDArray],
-                     aux_params: Dict[str, mx.nd.NDArray], loop_state: Dict[str, Any],
-                     optimizer_states: Optional[bytes], *, run_id: Optional[str] = None,
-                     sequence: Optional[int] = None) -> str:
+def write_checkpoint(
+    path: str,
+    symbol: mx.sym.Symbol,
+    arg_params: Dict[str, mx.nd.NDArray],
+    aux_params: Dict[str, mx.nd.NDArray],
+    loop_state: Dict[str, Any],
+    optimizer_states: Optional[bytes],
+    *,
+    run_id: Optional[str] = None,
+    sequence: Optional[int] = None,
+) -> str:
     """Write a checkpoint folder at ``path`` atomically (replacing one already there).
 
     Returns
@@ -144,10 +161,20 @@ def write_checkpoint(path: str, symbol: mx.sym.Symbol, arg_params: Dict[str, mx.
         loop_json = _dump_json(loop_state, path)
         os.makedirs(parent, exist_ok=True)
         os.makedirs(temporary)
-        _write_files(temporary, symbol, arg_params, aux_params, loop_json, optimizer_states,
-                     int(loop_state["status"]["epochs_done"]),
-                     {"run_id": run_id, "sequence": sequence,
-                      "iterations_done": loop_state["status"]["iterations_done"]})
+        _write_files(
+            temporary,
+            symbol,
+            arg_params,
+            aux_params,
+            loop_json,
+            optimizer_states,
+            int(loop_state["status"]["epochs_done"]),
+            {
+                "run_id": run_id,
+                "sequence": sequence,
+                "iterations_done": loop_state["status"]["iterations_done"],
+            },
+        )
         _replace(temporary, path)
         _fsync_directory(parent)
     except BaseException as error:
@@ -155,16 +182,25 @@ def write_checkpoint(path: str, symbol: mx.sym.Symbol, arg_params: Dict[str, mx.
         if isinstance(error, CheckpointError):
             raise
         if isinstance(error, (OSError, mx.base.MXNetError)):
-            size = sum(a.size * np.dtype(a.dtype).itemsize
-                       for a in list(arg_params.values()) + list(aux_params.values()))
+            size = sum(
+                a.size * np.dtype(a.dtype).itemsize
+                for a in list(arg_params.values()) + list(aux_params.values())
+            )
             raise CheckpointError(_write_failure(path, temporary, error, size)) from None
         raise
     return path
 
 
-def _write_files(folder: str, symbol: mx.sym.Symbol, arg_params: Dict[str, mx.nd.NDArray],
-                 aux_params: Dict[str, mx.nd.NDArray], loop_json: str,
-                 optimizer_states: Optional[bytes], epoch: int, about: Dict[str, Any]) -> None:
+def _write_files(
+    folder: str,
+    symbol: mx.sym.Symbol,
+    arg_params: Dict[str, mx.nd.NDArray],
+    aux_params: Dict[str, mx.nd.NDArray],
+    loop_json: str,
+    optimizer_states: Optional[bytes],
+    epoch: int,
+    about: Dict[str, Any],
+) -> None:
     mx.model.save_checkpoint(os.path.join(folder, PREFIX), epoch, symbol, arg_params, aux_params)
     with open(os.path.join(folder, LOOP_STATE), "w") as handle:
         handle.write(loop_json)
@@ -193,8 +229,9 @@ def _replace(temporary: str, path: str) -> None:
         os.rename(temporary, path)
         return
     if not os.path.isdir(path) or os.path.islink(path):
-        raise FileExistsError(errno.EEXIST, "a file that is not a checkpoint folder is in the way",
-                              path)
+        raise FileExistsError(
+            errno.EEXIST, "a file that is not a checkpoint folder is in the way", path
+        )
     parent, name = os.path.split(path)
     retired = os.path.join(parent, f".retired-{name}-{unique_token()}")
     os.rename(path, retired)
@@ -211,14 +248,16 @@ def _write_failure(path: str, temporary: str, error: BaseException, size: int) -
     if isinstance(error, OSError):
         code = error.errno
         cause = f"{error.strerror or error} ({error.filename or path})"
-        fixes = {errno.ENOSPC: "free disk space or point Checkpoint at another disk",
-                 errno.EDQUOT: "free space within your disk quota",
-                 errno.EFBIG: "raise the file size limit (ulimit -f)",
-                 errno.EROFS: "the file system is read-only: point Checkpoint at a writable folder",
-                 errno.EACCES: "make the folder writable, or point Checkpoint at another folder",
-                 errno.EPERM: "make the folder writable, or point Checkpoint at another folder",
-                 errno.EEXIST: "move the file that is in the way",
-                 errno.ENOTDIR: "a file stands where a folder is needed: move it away"}
+        fixes = {
+            errno.ENOSPC: "free disk space or point Checkpoint at another disk",
+            errno.EDQUOT: "free space within your disk quota",
+            errno.EFBIG: "raise the file size limit (ulimit -f)",
+            errno.EROFS: "the file system is read-only: point Checkpoint at a writable folder",
+            errno.EACCES: "make the folder writable, or point Checkpoint at another folder",
+            errno.EPERM: "make the folder writable, or point Checkpoint at another folder",
+            errno.EEXIST: "move the file that is in the way",
+            errno.ENOTDIR: "a file stands where a folder is needed: move it away",
+        }
         fix = fixes.get(code, "fix the cause, then resume from the previous checkpoint")
     else:
         cause, fix = clean_mxnet_message(error), "fix the cause, then resume"
@@ -252,16 +291,20 @@ def _dump_json(state: Dict[str, Any], path: str) -> str:
     except (TypeError, ValueError):
         pass
     for key, value in state.items():
-        for inner, item in (value.items() if key == "extensions" else [(None, value)]):
+        for inner, item in value.items() if key == "extensions" else [(None, value)]:
             try:
                 json.dumps(item)
             except (TypeError, ValueError) as error:
-                where = (f"the state_dict() of extension {inner!r}" if inner is not None
-                         else f"the loop state {key!r}")
+                where = (
+                    f"the state_dict() of extension {inner!r}"
+                    if inner is not None
+                    else f"the loop state {key!r}"
+                )
                 raise CheckpointError(
                     f"cannot write checkpoint {path}: {where} holds a value JSON cannot hold "
                     f"({error}); state_dict() must return plain data: numbers, strings, "
-                    "None, lists and dicts with string keys") from None
+                    "None, lists and dicts with string keys"
+                ) from None
     raise CheckpointError(f"cannot write checkpoint {path}: its state is not plain data")
 
 
@@ -275,20 +318,33 @@ def read_manifest(path: str) -> Dict[str, Any]:
     """
     manifest_path = os.path.join(path, MANIFEST)
     if not os.path.isfile(manifest_path):
-        raise CheckpointError(f"checkpoint {path} is incomplete: {manifest_path} is missing "
-                              "(its write was interrupted); use an earlier checkpoint")
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete: {manifest_path} is missing "
+            "(its write was interrupted); use an earlier checkpoint"
+        )
     manifest = _read_json(manifest_path)
     if not isinstance(manifest, dict):
         raise CheckpointError(f"{manifest_path} is damaged: not a JSON object")
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"{manifest_path} has format version {manifest.get('format_version')}"
-                              f"; this mxoid reads version {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"{manifest_path} has format version {manifest.get('format_version')}"
+            f"; this mxoid reads version {FORMAT_VERSION}"
+        )
     files = manifest.get("files")
-    if (not isinstance(files, dict) or not isinstance(manifest.get("epoch"), int)
-            or not all(isinstance(v, dict) and isinstance(v.get("size"), int)
-                       and isinstance(v.get("sha256"), str) for v in files.values())):
-        raise CheckpointError(f"{manifest_path} is damaged: it lacks 'epoch' or the size and "
-                              "SHA-256 of each file ('files'); use an earlier checkpoint")
+    if (
+        not isinstance(files, dict)
+        or not isinstance(manifest.get("epoch"), int)
+        or not all(
+            isinstance(v, dict)
+            and isinstance(v.get("size"), int)
+            and isinstance(v.get("sha256"), str)
+            for v in files.values()
+        )
+    ):
+        raise CheckpointError(
+            f"{manifest_path} is damaged: it lacks 'epoch' or the size and "
+            "SHA-256 of each file ('files'); use an earlier checkpoint"
+        )
     return manifest
 
 
@@ -311,15 +367,19 @@ def read_checkpoint(path: str, *, check_finite: bool = False) -> CheckpointConte
     params_name = f"{PREFIX}-{manifest['epoch']:04d}.params"
     for required in (params_name, LOOP_STATE, f"{PREFIX}-symbol.json"):
         if required not in files:
-            raise CheckpointError(f"checkpoint {path} is damaged: its manifest does not list "
-                                  f"{required}; use an earlier checkpoint")
+            raise CheckpointError(
+                f"checkpoint {path} is damaged: its manifest does not list "
+                f"{required}; use an earlier checkpoint"
+            )
     for name, expected in files.items():
         full = os.path.join(path, name)
         if not os.path.isfile(full):
             raise CheckpointError(f"checkpoint file {full} is missing")
         if os.path.getsize(full) != expected["size"] or _sha256(full) != expected["sha256"]:
-            raise CheckpointError(f"checkpoint file {full} is damaged: its size or SHA-256 "
-                                  "differs from the manifest; use an earlier checkpoint")
+            raise CheckpointError(
+                f"checkpoint file {full} is damaged: its size or SHA-256 "
+                "differs from the manifest; use an earlier checkpoint"
+            )
     arg_params, aux_params = _read_params(os.path.join(path, params_name), check_finite)
     loop_state = _read_json(os.path.join(path, LOOP_STATE))
     _check_loop_state(os.path.join(path, LOOP_STATE), loop_state)
@@ -332,22 +392,28 @@ def read_checkpoint(path: str, *, check_finite: bool = False) -> CheckpointConte
     return CheckpointContents(path, arg_params, aux_params, loop_state, states, manifest)
 
 
-def _read_params(params_file: str, check_finite: bool
-                 ) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
+def _read_params(
+    params_file: str, check_finite: bool
+) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
     try:
         saved = mx.nd.load(params_file)
     except mx.base.MXNetError as error:
-        raise CheckpointError(f"checkpoint file {params_file} cannot be read: "
-                              f"{clean_mxnet_message(error)}") from None
+        raise CheckpointError(
+            f"checkpoint file {params_file} cannot be read: {clean_mxnet_message(error)}"
+        ) from None
     if not isinstance(saved, dict) or not all(k.startswith(("arg:", "aux:")) for k in saved):
-        raise CheckpointError(f"checkpoint file {params_file} is damaged: it does not hold "
-                              "MXNet's 'arg:' / 'aux:' named arrays")
+        raise CheckpointError(
+            f"checkpoint file {params_file} is damaged: it does not hold "
+            "MXNet's 'arg:' / 'aux:' named arrays"
+        )
     if check_finite:
         bad = sorted(k[4:] for k, v in saved.items() if not np.all(np.isfinite(v.asnumpy())))
         if bad:
-            raise CheckpointError(f"checkpoint file {params_file} holds NaN or infinite values "
-                                  f"in {bad}: training had diverged when it was saved; resume "
-                                  "from an earlier checkpoint")
+            raise CheckpointError(
+                f"checkpoint file {params_file} holds NaN or infinite values "
+                f"in {bad}: training had diverged when it was saved; resume "
+                "from an earlier checkpoint"
+            )
     arg_params = {k[4:]: v for k, v in saved.items() if k.startswith("arg:")}
     aux_params = {k[4:]: v for k, v in saved.items() if k.startswith("aux:")}
     return arg_params, aux_params
@@ -357,29 +423,42 @@ def _check_loop_state(path: str, state: Any) -> None:
     missing = [key for key in LOOP_STATE_KEYS if not isinstance(state, dict) or key not in state]
     if not missing:
         log, status = state["log"], state["status"]
-        if not (isinstance(log, dict) and isinstance(log.get("rows"), list)
-                and isinstance(status, dict) and isinstance(status.get("iterations_done"), int)
-                and isinstance(status.get("epochs_done"), int)
-                and isinstance(state["extensions"], dict)
-                and isinstance(state["data_position"], dict)
-                and "kind" in state["data_position"]):
+        if not (
+            isinstance(log, dict)
+            and isinstance(log.get("rows"), list)
+            and isinstance(status, dict)
+            and isinstance(status.get("iterations_done"), int)
+            and isinstance(status.get("epochs_done"), int)
+            and isinstance(state["extensions"], dict)
+            and isinstance(state["data_position"], dict)
+            and "kind" in state["data_position"]
+        ):
             missing = ["a well-formed log, status, extensions or data_position"]
     if missing:
-        raise CheckpointError(f"checkpoint file {path} is damaged: it lacks {missing}; use an "
-                              "earlier checkpoint")
+        raise CheckpointError(
+            f"checkpoint file {path} is damaged: it lacks {missing}; use an earlier checkpoint"
+        )
 
 
 def _check_optimizer_states(path: str, states: bytes) -> None:
     try:
         loaded = pickle.loads(states)
     except Exception as error:  # pickle raises many kinds for garbage
-        raise CheckpointError(f"checkpoint file {path} is damaged: the optimizer states do not "
-                              f"load ({type(error).__name__}: {error}); use an earlier "
-                              "checkpoint") from None
-    if not (isinstance(loaded, tuple) and len(loaded) == 2 and isinstance(loaded[0], dict)
-            and isinstance(loaded[1], mx.optimizer.Optimizer)):
-        raise CheckpointError(f"checkpoint file {path} is damaged: it does not hold an "
-                              "optimizer and its states; use an earlier checkpoint")
+        raise CheckpointError(
+            f"checkpoint file {path} is damaged: the optimizer states do not "
+            f"load ({type(error).__name__}: {error}); use an earlier "
+            "checkpoint"
+        ) from None
+    if not (
+        isinstance(loaded, tuple)
+        and len(loaded) == 2
+        and isinstance(loaded[0], dict)
+        and isinstance(loaded[1], mx.optimizer.Optimizer)
+    ):
+        raise CheckpointError(
+            f"checkpoint file {path} is damaged: it does not hold an "
+            "optimizer and its states; use an earlier checkpoint"
+        )
 
 
 # ------------------------------------------------------------------- helpers

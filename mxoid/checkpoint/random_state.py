@@ -3,6 +3,7 @@
 MXNet's own generator cannot be read back in MXNet 1.x; the checkpoint
 reseeds it instead (see :class:`~mxoid.extensions.Checkpoint`).
 """
+
 from __future__ import annotations
 
 import random
@@ -17,8 +18,10 @@ def get_random_states() -> Dict[str, Any]:
     """Return NumPy's and Python's global random states as plain (JSON-ready) data."""
     name, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss_next = random.getstate()
-    return {"numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-            "python": [version, list(internal), gauss_next]}
+    return {
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+        "python": [version, list(internal), gauss_next],
+    }
 
 
 def set_random_states(state: Dict[str, Any]) -> None:

@@ -10,6 +10,7 @@
 
 The names are imported on first use, so that ``mxoid launch`` starts without loading MXNet.
 """
+
 from importlib import import_module
 from typing import Any, List
 

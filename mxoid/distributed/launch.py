@@ -30,6 +30,7 @@ reachable from every host), ``DMLC_PS_ROOT_PORT``, ``DMLC_NUM_SERVER``,
 Nothing then watches them, and ps-lite detects no failure: give each
 process a time limit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,8 @@ __all__ = ["launch", "main"]
 NO_HOSTS = (
     "--hosts is not supported: mxoid launch starts every process on this machine. To train on "
     "several hosts, start the scheduler, servers and workers yourself with the environment "
-    "listed in 'python -m mxoid.distributed.launch --help' (and the README, 'Distributed training')")
+    "listed in 'python -m mxoid.distributed.launch --help' (and the README, 'Distributed training')"
+)
 
 DESCRIPTION = """\
 Run COMMAND as WORKERS distributed-training workers on this machine, with a
@@ -82,11 +84,17 @@ Servers: python -m mxoid.distributed.launch --role server, with DMLC_ROLE unset.
 Workers: DMLC_ROLE=worker python train.py. Nothing then watches them."""
 
 
-def launch(command: Sequence[str], num_workers: int, num_servers: int = 1, *,
-           timeout: Optional[float] = None,
-           stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT,
-           grace: float = 3.0, stdout: Optional[BinaryIO] = None,
-           stderr: Optional[BinaryIO] = None) -> int:
+def launch(
+    command: Sequence[str],
+    num_workers: int,
+    num_servers: int = 1,
+    *,
+    timeout: Optional[float] = None,
+    stall_timeout: Optional[float] = DEFAULT_STALL_TIMEOUT,
+    grace: float = 3.0,
+    stdout: Optional[BinaryIO] = None,
+    stderr: Optional[BinaryIO] = None,
+) -> int:
     """Run ``command`` as ``num_workers`` workers with a scheduler and servers; return the status.
 
     See the module documentation and ``python -m mxoid.distributed.launch --help``.
@@ -116,11 +124,14 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int = 1, *,
         raise ValueError("no command to run: give it after '--'")
     if num_workers < 1 or num_servers < 1:
         raise ValueError("need at least one worker and one server")
-    job = Job(num_workers, num_servers, grace, stdout or sys.stdout.buffer,
-              stderr or sys.stderr.buffer)
+    job = Job(
+        num_workers, num_servers, grace, stdout or sys.stdout.buffer, stderr or sys.stderr.buffer
+    )
     deadline = None if timeout is None else time.monotonic() + timeout
-    previous = {sig: signal.signal(sig, lambda number, frame: job.signals.append(number))
-                for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {
+        sig: signal.signal(sig, lambda number, frame: job.signals.append(number))
+        for sig in (signal.SIGINT, signal.SIGTERM)
+    }
     try:
         port, reason = job.start_scheduler(deadline or time.monotonic() + SCHEDULER_START_SECONDS)
         if port is None:
@@ -135,11 +146,15 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int = 1, *,
             status, reason = job.wait(deadline, stall_timeout)
         signalled = job.finish()
         if status != 0:
-            job.note(f"{reason}; stopped {len(signalled)} other process(es)"
-                     if signalled else reason)
+            job.note(
+                f"{reason}; stopped {len(signalled)} other process(es)" if signalled else reason
+            )
         elif signalled:
-            job.note("workers finished; stopped " + ", ".join(p.label for p in signalled)
-                     + " (still running after the grace period)")
+            job.note(
+                "workers finished; stopped "
+                + ", ".join(p.label for p in signalled)
+                + " (still running after the grace period)"
+            )
         return status
     finally:
         job.kill_remaining()  # none left, unless something above was interrupted
@@ -149,25 +164,41 @@ def launch(command: Sequence[str], num_workers: int, num_servers: int = 1, *,
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="mxoid launch", description=DESCRIPTION,
+        prog="mxoid launch",
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         usage="%(prog)s -n WORKERS [-s SERVERS] [--timeout S] [--stall-timeout S] "
-              "[--grace S] -- COMMAND [ARGS...]")
+        "[--grace S] -- COMMAND [ARGS...]",
+    )
     parser.add_argument("-n", "--num-workers", type=int, help="number of workers")
-    parser.add_argument("-s", "--num-servers", type=int, default=1,
-                        help="number of parameter servers (default 1)")
-    parser.add_argument("--timeout", type=float, metavar="S",
-                        help="stop everything after S seconds (status 124)")
-    parser.add_argument("--stall-timeout", type=float, metavar="S",
-                        default=DEFAULT_STALL_TIMEOUT,
-                        help="stop everything after S seconds without output or CPU use "
-                             f"(status 124; default {DEFAULT_STALL_TIMEOUT:g}, 0: never)")
-    parser.add_argument("--grace", type=float, default=3.0, metavar="S",
-                        help="seconds before SIGTERM, then before SIGKILL (default 3)")
+    parser.add_argument(
+        "-s", "--num-servers", type=int, default=1, help="number of parameter servers (default 1)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, metavar="S", help="stop everything after S seconds (status 124)"
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        metavar="S",
+        default=DEFAULT_STALL_TIMEOUT,
+        help="stop everything after S seconds without output or CPU use "
+        f"(status 124; default {DEFAULT_STALL_TIMEOUT:g}, 0: never)",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=3.0,
+        metavar="S",
+        help="seconds before SIGTERM, then before SIGKILL (default 3)",
+    )
     parser.add_argument("--hosts", metavar="FILE", help="not supported (see 'Several hosts')")
-    parser.add_argument("--role", choices=("server", "scheduler"),
-                        help="run one server or scheduler process of a job started by hand "
-                             "(with the DMLC_* environment but DMLC_ROLE unset)")
+    parser.add_argument(
+        "--role",
+        choices=("server", "scheduler"),
+        help="run one server or scheduler process of a job started by hand "
+        "(with the DMLC_* environment but DMLC_ROLE unset)",
+    )
     return parser
 
 
@@ -177,11 +208,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     command: List[str] = []
     if "--" in argv:
         split = argv.index("--")
-        argv, command = argv[:split], argv[split + 1:]
+        argv, command = argv[:split], argv[split + 1 :]
     parser = _parser()
     args = parser.parse_args(argv)
     if args.role is not None:
         from .servers import run_server
+
         run_server(args.role)
         return 0
     if args.hosts is not None:
@@ -196,8 +228,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("--timeout must be positive")
     if args.stall_timeout < 0:
         parser.error("--stall-timeout must be positive (or 0: never)")
-    return launch(command, args.num_workers, args.num_servers, timeout=args.timeout,
-                  stall_timeout=args.stall_timeout or None, grace=args.grace)
+    return launch(
+        command,
+        args.num_workers,
+        args.num_servers,
+        timeout=args.timeout,
+        stall_timeout=args.stall_timeout or None,
+        grace=args.grace,
+    )
 
 
 if __name__ == "__main__":

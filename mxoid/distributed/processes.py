@@ -6,6 +6,7 @@ with the launcher; copies their output line by line with a prefix; decides
 when the job has failed, stalled or finished; and ends every process it
 started, and only those. :func:`mxoid.distributed.launch.launch` drives it.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,15 @@ import sys
 import time
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["DEFAULT_STALL_TIMEOUT", "EXIT_FAILURE", "EXIT_TIMEOUT", "SCHEDULER_START_SECONDS",
-           "Job", "LaunchedProcess", "free_port"]
+__all__ = [
+    "DEFAULT_STALL_TIMEOUT",
+    "EXIT_FAILURE",
+    "EXIT_TIMEOUT",
+    "SCHEDULER_START_SECONDS",
+    "Job",
+    "LaunchedProcess",
+    "free_port",
+]
 
 HOST = "127.0.0.1"
 PORT_ATTEMPTS = 5
@@ -35,7 +43,9 @@ checkpoint, flushes logs) before they are treated as stuck."""
 LONE_EXIT_WAIT = 30.0
 """Seconds the other workers may go on after one exited with status 0: workers end together
 (ps-lite's finalize barrier), so a worker that ended alone left the others waiting for it."""
-_ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Exit|Interrupt)\b.*|mxoid: worker of rank.*)$")
+_ERROR_LINE = re.compile(
+    r"^(?:[\w.]+(?:Error|Exception|Exit|Interrupt)\b.*|mxoid: worker of rank.*)$"
+)
 
 # The scheduler only needs libmxnet's ps-lite: loading the library with ctypes
 # takes 0.2 s where ``import mxnet`` takes 3 s of CPU, on the launch's critical
@@ -119,7 +129,8 @@ class LaunchedProcess:
             return f"{self.label} (pid {self.pid}) was killed by {name}"
         said = self.error_summary()
         return f"{self.label} (pid {self.pid}) exited with status {code}" + (
-            f": {said}" if said and code else "")
+            f": {said}" if said and code else ""
+        )
 
     def error_summary(self) -> str:
         """The error the process reported last: an exception's message, preferably."""
@@ -180,8 +191,9 @@ def _cpu_ticks(pid: int) -> int:
 class Job:
     """The processes of one launch, their output, and the decision to stop them."""
 
-    def __init__(self, num_workers: int, num_servers: int, grace: float, stdout: BinaryIO,
-                 stderr: BinaryIO) -> None:
+    def __init__(
+        self, num_workers: int, num_servers: int, grace: float, stdout: BinaryIO, stderr: BinaryIO
+    ) -> None:
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.grace = grace
@@ -201,25 +213,36 @@ class Job:
     def environment(self, port: int, role: str) -> Dict[str, str]:
         """This process's environment plus the ps-lite variables for ``role``."""
         env = dict(os.environ)
-        env.update(DMLC_PS_ROOT_URI=HOST, DMLC_PS_ROOT_PORT=str(port),
-                   DMLC_NUM_SERVER=str(self.num_servers), DMLC_NUM_WORKER=str(self.num_workers),
-                   DMLC_NODE_HOST=HOST, PYTHONUNBUFFERED="1")
+        env.update(
+            DMLC_PS_ROOT_URI=HOST,
+            DMLC_PS_ROOT_PORT=str(port),
+            DMLC_NUM_SERVER=str(self.num_servers),
+            DMLC_NUM_WORKER=str(self.num_workers),
+            DMLC_NODE_HOST=HOST,
+            PYTHONUNBUFFERED="1",
+        )
         env.pop("DMLC_ROLE", None)
         if role != "server":  # servers set their role once mxoid is imported
             env["DMLC_ROLE"] = role
         return env
 
-    def start(self, role: str, index: int, command: Sequence[str], port: int,
-              show_output: bool = True) -> LaunchedProcess:
+    def start(
+        self, role: str, index: int, command: Sequence[str], port: int, show_output: bool = True
+    ) -> LaunchedProcess:
         """Start ``command`` as a child in its own process group, dying with the launcher.
 
         With ``show_output=False`` its output is held back until
         :meth:`show_held_output`.
         """
         wrapped = [sys.executable, "-S", "-c", EXEC_CODE, str(os.getpid()), *command]
-        popen = subprocess.Popen(wrapped, env=self.environment(port, role),
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, start_new_session=True)
+        popen = subprocess.Popen(
+            wrapped,
+            env=self.environment(port, role),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         process = LaunchedProcess(role, index, popen)
         self.processes.append(process)
         for stream, fd in ((popen.stdout, 1), (popen.stderr, 2)):
@@ -275,9 +298,11 @@ class Job:
             if not lines:
                 continue
             if fd == 2:
-                process.errors += [line.decode(errors="replace").strip()
-                                   for line in lines.splitlines()
-                                   if _ERROR_LINE.match(line.decode(errors="replace").strip())]
+                process.errors += [
+                    line.decode(errors="replace").strip()
+                    for line in lines.splitlines()
+                    if _ERROR_LINE.match(line.decode(errors="replace").strip())
+                ]
                 del process.errors[:-5]
             if show:
                 self.write(process, fd, lines)
@@ -298,8 +323,9 @@ class Job:
         process.held.clear()
         for key in list(self.selector.get_map().values()):
             if key.data[0] is process:
-                self.selector.modify(key.fileobj, selectors.EVENT_READ,
-                                     (process, key.data[1], True))
+                self.selector.modify(
+                    key.fileobj, selectors.EVENT_READ, (process, key.data[1], True)
+                )
 
     def note(self, message: str) -> None:
         """Write one line of the launcher's own to stderr."""
@@ -348,8 +374,10 @@ class Job:
                 name = signal.Signals(number).name
                 if forwarded >= 3:
                     return 128 + number, f"the launcher received {name} a third time"
-                self.note(f"received {name}: passing it on to the workers, which stop cleanly "
-                          "(send it twice more to end everything at once)")
+                self.note(
+                    f"received {name}: passing it on to the workers, which stop cleanly "
+                    "(send it twice more to end everything at once)"
+                )
                 self.signal_workers(number)
             for process in workers:
                 if process.running() or process.popen.returncode == 0:
@@ -368,7 +396,8 @@ class Job:
             if stopping is not None and time.monotonic() - stopping[0] > STOP_WAIT:
                 return stopping[1].exit_status(), (
                     f"{stopping[1].describe_exit()}; the other workers did not stop within "
-                    f"{STOP_WAIT:g} s")
+                    f"{STOP_WAIT:g} s"
+                )
             ended = [p for p in workers if not p.running() and p.popen.returncode == 0]
             if ended and lone_exit is None:
                 lone_exit = (time.monotonic(), ended[0])
@@ -377,16 +406,18 @@ class Job:
                     f"{lone_exit[1].label} (pid {lone_exit[1].pid}) exited with status 0, but "
                     f"{', '.join(p.label for p in running)} kept running {LONE_EXIT_WAIT:g} s "
                     "later: workers end together, so the others are waiting for it (did it stop "
-                    "early, e.g. with sys.exit or os._exit in the middle of training?)")
+                    "early, e.g. with sys.exit or os._exit in the middle of training?)"
+                )
             for process in others:
                 if not process.running() and process.popen.returncode != 0:
                     return EXIT_FAILURE, f"{process.describe_exit()} while workers were running"
             if deadline is not None and time.monotonic() > deadline:
                 return EXIT_TIMEOUT, "timed out (--timeout)" + self._errors_so_far()
             if self.stalled(stall_timeout):
-                return EXIT_TIMEOUT, (f"stalled: no output and no CPU time used for "
-                                      f"{stall_timeout:g} s (--stall-timeout)"
-                                      + self._errors_so_far())
+                return EXIT_TIMEOUT, (
+                    f"stalled: no output and no CPU time used for "
+                    f"{stall_timeout:g} s (--stall-timeout)" + self._errors_so_far()
+                )
 
     def signal_workers(self, number: int) -> None:
         """Send signal ``number`` to the process group of every running worker."""

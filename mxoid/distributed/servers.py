@@ -26,6 +26,7 @@ Server processes must import mxoid before they start serving, which
 runs the server loop): start them with :func:`run_server`, which is what
 ``mxoid launch`` and ``python -m mxoid.distributed.launch --role server`` do.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,15 +35,23 @@ from typing import Any, Optional, Set
 
 import mxnet as mx
 
-__all__ = ["MERGED", "ServerOptimizer", "is_asynchronous", "is_distributed", "run_server",
-           "set_server_optimizer"]
+__all__ = [
+    "MERGED",
+    "ServerOptimizer",
+    "is_asynchronous",
+    "is_distributed",
+    "run_server",
+    "set_server_optimizer",
+]
 
 MERGED = 2.0
 """Flag the servers' :class:`ServerOptimizer` writes into the rows it merged."""
 
 ASYNC_NEEDS_SERVER_UPDATE = (
     "{kind} needs update_on_kvstore=True: with asynchronous updates the servers must run the "
-    "optimizer (each push would otherwise overwrite the previous one)")
+    "optimizer (each push would otherwise overwrite the previous one)"
+)
+
 
 def is_distributed(kvstore: Optional[mx.kv.KVStore]) -> bool:
     """True for a kvstore of MXNet's parameter server (``dist_*``)."""
@@ -83,8 +92,9 @@ class ServerOptimizer:
 
     aggregate_num = 0  # the servers update one key at a time
 
-    def __init__(self, optimizer: Optional[mx.optimizer.Optimizer], num_param_keys: int,
-                 num_workers: int) -> None:
+    def __init__(
+        self, optimizer: Optional[mx.optimizer.Optimizer], num_param_keys: int, num_workers: int
+    ) -> None:
         self.optimizer = optimizer
         self.num_param_keys = num_param_keys
         self.num_workers = num_workers
@@ -100,8 +110,9 @@ class ServerOptimizer:
             return self.optimizer.create_state_multi_precision(index, weight)
         return None
 
-    def update_multi_precision(self, index: int, weight: mx.nd.NDArray, grad: mx.nd.NDArray,
-                               state: Any) -> None:
+    def update_multi_precision(
+        self, index: int, weight: mx.nd.NDArray, grad: mx.nd.NDArray, state: Any
+    ) -> None:
         """Update the stored ``weight`` of key ``index`` with the pushed ``grad``."""
         if index >= self.num_param_keys:
             shape = (self.num_workers, -1)
@@ -116,8 +127,9 @@ class ServerOptimizer:
             self.optimizer.update_multi_precision(index, weight, grad, state)
 
 
-def set_server_optimizer(kvstore: mx.kv.KVStore, optimizer: Optional[mx.optimizer.Optimizer],
-                         num_param_keys: int) -> None:
+def set_server_optimizer(
+    kvstore: mx.kv.KVStore, optimizer: Optional[mx.optimizer.Optimizer], num_param_keys: int
+) -> None:
     """Give the servers a :class:`ServerOptimizer`, once the parameters are on the kvstore.
 
     A collective call, on every worker. Rank 0 sends it, then all workers

@@ -7,6 +7,7 @@ every worker gets the same number of rows;
 :func:`~mxoid.checkpoint.data_position.batches_per_epoch` lets the
 loop check the counts before training.
 """
+
 from __future__ import annotations
 
 from typing import Any, Mapping, Optional, Sequence, Union
@@ -20,8 +21,13 @@ ArrayLike = Union[np.ndarray, mx.nd.NDArray]
 DataLike = Union[ArrayLike, Sequence[ArrayLike], Mapping[str, ArrayLike]]
 
 
-def shard_arrays(data: DataLike, kvstore: Optional[mx.kv.KVStore] = None, *,
-                 rank: Optional[int] = None, num_workers: Optional[int] = None) -> DataLike:
+def shard_arrays(
+    data: DataLike,
+    kvstore: Optional[mx.kv.KVStore] = None,
+    *,
+    rank: Optional[int] = None,
+    num_workers: Optional[int] = None,
+) -> DataLike:
     """This worker's equal share of every array in ``data``: rows ``rank, rank + n, ...``.
 
     With ``n`` workers and ``N`` rows, every worker gets ``N // n`` rows (the
@@ -65,8 +71,14 @@ def shard_arrays(data: DataLike, kvstore: Optional[mx.kv.KVStore] = None, *,
     return one(data)
 
 
-def shard(data: DataLike, label: Optional[DataLike] = None, *, kvstore: mx.kv.KVStore,
-          batch_size: int, **iter_kwargs: Any) -> mx.io.NDArrayIter:
+def shard(
+    data: DataLike,
+    label: Optional[DataLike] = None,
+    *,
+    kvstore: mx.kv.KVStore,
+    batch_size: int,
+    **iter_kwargs: Any,
+) -> mx.io.NDArrayIter:
     """An ``mx.io.NDArrayIter`` over this worker's equal share of ``data`` and ``label``.
 
     See :func:`shard_arrays` for which rows. Every worker gets the same
@@ -89,5 +101,6 @@ def shard(data: DataLike, label: Optional[DataLike] = None, *, kvstore: mx.kv.KV
     >>> MainLoop(net, train, kvstore=kv, extensions=[FinishAfter(after_n_epochs=5)]).run()
     """
     label = None if label is None else shard_arrays(label, kvstore)
-    return mx.io.NDArrayIter(shard_arrays(data, kvstore), label, batch_size=batch_size,
-                             **iter_kwargs)
+    return mx.io.NDArrayIter(
+        shard_arrays(data, kvstore), label, batch_size=batch_size, **iter_kwargs
+    )

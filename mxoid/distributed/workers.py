@@ -11,6 +11,7 @@ workers, the checks and the endings that keep a job from hanging.
   and :func:`exit_after_error` (a failed worker exits instead of hanging in
   ps-lite's finalize barrier).
 """
+
 from __future__ import annotations
 
 import logging
@@ -25,8 +26,14 @@ import numpy as np
 from ..checkpoint.data_position import batches_per_epoch
 from .servers import MERGED, is_asynchronous, is_distributed, reduction_keys
 
-__all__ = ["agree_to_stop", "allgather", "allreduce_sums", "check_equal_steps",
-           "exit_after_error", "pull_parameters"]
+__all__ = [
+    "agree_to_stop",
+    "allgather",
+    "allreduce_sums",
+    "check_equal_steps",
+    "exit_after_error",
+    "pull_parameters",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -37,20 +44,24 @@ SERVERS_NOT_MXOID = (
     "the parameter servers did not merge mxoid's reduction key, so they do not run "
     "mxoid.distributed.ServerOptimizer (a server started with 'import mxnet' cannot unpickle "
     "it, and then applies no optimizer either). Start servers with 'mxoid launch', or on each "
-    "server host with 'python -m mxoid.distributed.launch --role server' and DMLC_ROLE unset")
+    "server host with 'python -m mxoid.distributed.launch --role server' and DMLC_ROLE unset"
+)
 UNEQUAL_STEPS = (
     "workers would take unequal numbers of steps per epoch ({counts}); dist_sync would then "
     "hang when the shortest worker stops pushing. Give every worker the same number of "
     "batches: shard the data with mxoid.shard(...), or wrap each worker's "
-    "iterator in mx.io.ResizeIter(iterator, size=steps)")
+    "iterator in mx.io.ResizeIter(iterator, size=steps)"
+)
 UNKNOWN_STEPS = (
     "cannot count the batches per epoch of {kinds}, so mxoid cannot check that every worker "
     "takes the same number of steps (unequal counts hang dist_sync). Use an mx.io.NDArrayIter "
-    "(e.g. from mxoid.shard) or wrap the iterator in mx.io.ResizeIter")
+    "(e.g. from mxoid.shard) or wrap the iterator in mx.io.ResizeIter"
+)
 NOT_SET_UP = (
     "this kvstore has no mxoid servers set up yet: create the MainLoop (or call "
     "set_server_optimizer) before reducing across workers, so that reduction keys are "
-    "numbered after the parameters")
+    "numbered after the parameters"
+)
 
 
 def allgather(kvstore: Optional[mx.kv.KVStore], name: str, values: Any) -> np.ndarray:
@@ -127,8 +138,10 @@ def _reduction_key(kvstore: mx.kv.KVStore, name: str, size: int) -> str:
     key = f"{_KEY_PREFIX}{name}/{size}"
     if key not in known:
         if kvstore.num_workers * (size + 1) >= _BIGARRAY_BOUND:
-            raise ValueError(f"reduction {name!r} is too large ({size} values): the kvstore "
-                             "would split it across servers")
+            raise ValueError(
+                f"reduction {name!r} is too large ({size} values): the kvstore "
+                "would split it across servers"
+            )
         kvstore.init(key, mx.nd.zeros((kvstore.num_workers, size + 1), dtype=np.float64))
         known.add(key)
     return key
@@ -160,8 +173,9 @@ def check_equal_steps(kvstore: mx.kv.KVStore, train_data: Any) -> None:
         raise ValueError(UNEQUAL_STEPS.format(counts=described))
 
 
-def pull_parameters(kvstore: mx.kv.KVStore, param_names: Sequence[str],
-                    param_arrays: List[List[mx.nd.NDArray]]) -> None:
+def pull_parameters(
+    kvstore: mx.kv.KVStore, param_names: Sequence[str], param_arrays: List[List[mx.nd.NDArray]]
+) -> None:
     """Give every device of every worker the servers' current parameters.
 
     A collective call: pushes in flight are finished first, then the workers
@@ -188,17 +202,26 @@ def exit_after_error(error: BaseException, rank: int) -> NoReturn:
     if isinstance(error, SystemExit):
         # Exiting alone, even with status 0, leaves the other workers waiting for this one.
         status = error.code if isinstance(error.code, int) and error.code else 1
-        print(f"mxoid: worker of rank {rank} called sys.exit({error.code!r}) during training; "
-              f"exiting with status {status} without waiting for the other workers, which "
-              "cannot go on without it", file=sys.stderr)
+        print(
+            f"mxoid: worker of rank {rank} called sys.exit({error.code!r}) during training; "
+            f"exiting with status {status} without waiting for the other workers, which "
+            "cannot go on without it",
+            file=sys.stderr,
+        )
     elif isinstance(error, KeyboardInterrupt):
         status = 128 + 2
-        print(f"mxoid: worker of rank {rank} was interrupted (KeyboardInterrupt); exiting "
-              "without waiting for the other workers", file=sys.stderr)
+        print(
+            f"mxoid: worker of rank {rank} was interrupted (KeyboardInterrupt); exiting "
+            "without waiting for the other workers",
+            file=sys.stderr,
+        )
     else:
         traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
-        print(f"mxoid: worker of rank {rank} failed ({type(error).__name__}: {error}); exiting "
-              "without waiting for the other workers", file=sys.stderr)
+        print(
+            f"mxoid: worker of rank {rank} failed ({type(error).__name__}: {error}); exiting "
+            "without waiting for the other workers",
+            file=sys.stderr,
+        )
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
@@ -208,18 +231,20 @@ def exit_after_error(error: BaseException, rank: int) -> NoReturn:
     os._exit(status)
 
 
-
-
-def agree_to_stop(kvstore: mx.kv.KVStore, wants_to_stop: bool, signal_number: int,
-                  epoch_interrupt: bool) -> Optional[Tuple[int, int, bool]]:
+def agree_to_stop(
+    kvstore: mx.kv.KVStore, wants_to_stop: bool, signal_number: int, epoch_interrupt: bool
+) -> Optional[Tuple[int, int, bool]]:
     """Tell every worker whether any of them wants to stop; None when none does.
 
     A collective call (one :func:`allgather`). Otherwise ``(rank, signal, epoch_interrupt)``:
     the first rank that wants to stop, the first signal number any worker received (0 for
     none), and whether any worker received a first Ctrl-C (stop at the end of the epoch).
     """
-    rows = allgather(kvstore, "stop_agreement",
-                     [float(wants_to_stop), float(signal_number), float(epoch_interrupt)])
+    rows = allgather(
+        kvstore,
+        "stop_agreement",
+        [float(wants_to_stop), float(signal_number), float(epoch_interrupt)],
+    )
     wanting = np.flatnonzero(rows[:, 0])
     if not len(wanting):
         return None

@@ -9,6 +9,7 @@ NaNGuard), :mod:`.selection` (TrackBest), :mod:`.training`
 (Printing, ProgressBar), :mod:`.timing` (Timing), :mod:`.log_writers`
 (JSONLinesLog, CSVLog), :mod:`.tensorboard` (TensorBoard).
 """
+
 from .base import FIRING_KEYWORDS, HOOKS, Extension, OnLogRecord
 from .saveload import Checkpoint
 from .log_writers import CSVLog, JSONLinesLog
@@ -20,7 +21,23 @@ from .tensorboard import TensorBoard
 from .timing import Timing
 from .training import LearningRateSchedule
 
-__all__ = ["FIRING_KEYWORDS", "HOOKS", "CSVLog", "Checkpoint", "EarlyStopping", "Evaluate",
-           "Extension", "FinishAfter", "JSONLinesLog", "LearningRateSchedule", "NaNGuard",
-           "OnLogRecord", "Printing", "ProgressBar", "TensorBoard", "Timing", "TrackBest",
-           "TrainingMonitoring"]
+__all__ = [
+    "FIRING_KEYWORDS",
+    "HOOKS",
+    "CSVLog",
+    "Checkpoint",
+    "EarlyStopping",
+    "Evaluate",
+    "Extension",
+    "FinishAfter",
+    "JSONLinesLog",
+    "LearningRateSchedule",
+    "NaNGuard",
+    "OnLogRecord",
+    "Printing",
+    "ProgressBar",
+    "TensorBoard",
+    "Timing",
+    "TrackBest",
+    "TrainingMonitoring",
+]

@@ -1,4 +1,5 @@
 """The Extension base class, its firing conditions, and the predicates they use."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
@@ -9,8 +10,17 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["FIRING_KEYWORDS", "HOOKS", "Extension", "OnLogRecord", "Predicate"]
 
-HOOKS = ("before_training", "on_resumption", "before_epoch", "before_batch", "after_batch",
-         "after_epoch", "after_training", "on_interrupt", "on_error")
+HOOKS = (
+    "before_training",
+    "on_resumption",
+    "before_epoch",
+    "before_batch",
+    "after_batch",
+    "after_epoch",
+    "after_training",
+    "on_interrupt",
+    "on_error",
+)
 """Every hook the loop dispatches, in the order they first fire."""
 
 FIRING_KEYWORDS = ("every_n_batches", "every_n_epochs", "after_n_batches", "after_n_epochs") + HOOKS
@@ -151,25 +161,43 @@ class Extension:
     rank_zero_only: bool = False
     main_loop: Optional["MainLoop"] = None
 
-    def __init__(self, *, name: Optional[str] = None, priority: float = 0,
-                 every_n_batches: Optional[int] = None, every_n_epochs: Optional[int] = None,
-                 after_n_batches: Optional[int] = None, after_n_epochs: Optional[int] = None,
-                 before_training: bool = False, before_epoch: bool = False,
-                 before_batch: bool = False, after_batch: bool = False,
-                 after_epoch: bool = False, after_training: bool = False,
-                 on_resumption: bool = False, on_interrupt: bool = False,
-                 on_error: bool = False, rank_zero_only: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        *,
+        name: Optional[str] = None,
+        priority: float = 0,
+        every_n_batches: Optional[int] = None,
+        every_n_epochs: Optional[int] = None,
+        after_n_batches: Optional[int] = None,
+        after_n_epochs: Optional[int] = None,
+        before_training: bool = False,
+        before_epoch: bool = False,
+        before_batch: bool = False,
+        after_batch: bool = False,
+        after_epoch: bool = False,
+        after_training: bool = False,
+        on_resumption: bool = False,
+        on_interrupt: bool = False,
+        on_error: bool = False,
+        rank_zero_only: Optional[bool] = None,
+    ) -> None:
         self.name = name or type(self).__name__
         self.priority = priority
         if rank_zero_only is not None:
             self.rank_zero_only = rank_zero_only
         self.conditions: Dict[str, List[Predicate]] = {}
         self._conditions_fired = False
-        flags = {"before_training": before_training, "before_epoch": before_epoch,
-                 "before_batch": before_batch, "after_batch": after_batch,
-                 "after_epoch": after_epoch, "after_training": after_training,
-                 "on_resumption": on_resumption, "on_interrupt": on_interrupt,
-                 "on_error": on_error}
+        flags = {
+            "before_training": before_training,
+            "before_epoch": before_epoch,
+            "before_batch": before_batch,
+            "after_batch": after_batch,
+            "after_epoch": after_epoch,
+            "after_training": after_training,
+            "on_resumption": on_resumption,
+            "on_interrupt": on_interrupt,
+            "on_error": on_error,
+        }
         for hook in HOOKS:
             if flags[hook]:
                 self.add_condition(hook)
@@ -216,7 +244,8 @@ class Extension:
         """Act; called when a firing condition holds. Subclasses with conditions implement it."""
         raise NotImplementedError(
             f"{type(self).__name__} has firing conditions but does not implement "
-            "do(which_callback, *args)")
+            "do(which_callback, *args)"
+        )
 
     def fire_conditions(self, hook: str, *args: Any) -> None:
         """Call :meth:`do` once if one of the conditions of ``hook`` holds.

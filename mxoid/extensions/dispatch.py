@@ -1,5 +1,6 @@
 """Dispatching hooks to extensions, with per-extension time accounting, and the extensions'
 states in checkpoints."""
+
 from __future__ import annotations
 
 import functools
@@ -17,7 +18,8 @@ logger = logging.getLogger(__name__)
 NOTHING_STOPS = (
     "nothing can stop this loop: none of its extensions requests a stop. Add "
     "FinishAfter(after_n_epochs=...) (or EarlyStopping, NaNGuard...), or set "
-    "stops_training = True on your own extension that calls main_loop.request_stop()")
+    "stops_training = True on your own extension that calls main_loop.request_stop()"
+)
 
 
 def check_extensions(extensions: Any) -> List[Extension]:
@@ -31,16 +33,21 @@ def check_extensions(extensions: Any) -> List[Extension]:
         When no extension can stop training, or two write the same file or directory.
     """
     if isinstance(extensions, Extension):
-        raise TypeError(f"extensions must be a list of extensions; got a single "
-                        f"{type(extensions).__name__}: pass extensions=[{extensions.name}(...)]")
+        raise TypeError(
+            f"extensions must be a list of extensions; got a single "
+            f"{type(extensions).__name__}: pass extensions=[{extensions.name}(...)]"
+        )
     if isinstance(extensions, (str, bytes)) or not hasattr(extensions, "__iter__"):
-        raise TypeError(f"extensions must be a list of mxoid.Extension objects, not "
-                        f"{type(extensions).__name__}")
+        raise TypeError(
+            f"extensions must be a list of mxoid.Extension objects, not {type(extensions).__name__}"
+        )
     extensions = list(extensions)
     for extension in extensions:
         if not isinstance(extension, Extension):
-            raise TypeError(f"extensions must be mxoid.Extension instances; got "
-                            f"{type(extension).__name__} ({extension!r})")
+            raise TypeError(
+                f"extensions must be mxoid.Extension instances; got "
+                f"{type(extension).__name__} ({extension!r})"
+            )
     if not any(extension.stops_training for extension in extensions):
         raise ValueError(NOTHING_STOPS)
     for attribute, what in (("path", "log file"), ("directory", "checkpoint directory")):
@@ -51,9 +58,11 @@ def check_extensions(extensions: Any) -> List[Extension]:
                 continue
             key = os.path.abspath(value)
             if key in seen:
-                raise ValueError(f"{seen[key].name} and {extension.name} both write the "
-                                 f"{what} {value}: they would overwrite each other; give each "
-                                 "its own")
+                raise ValueError(
+                    f"{seen[key].name} and {extension.name} both write the "
+                    f"{what} {value}: they would overwrite each other; give each "
+                    "its own"
+                )
             seen[key] = extension
     return extensions
 
@@ -74,8 +83,9 @@ class HookTimes:
         overridden = extension.overrides(hook)
         conditions = hook in extension.conditions
         if overridden and conditions:
-            self.method: Callable[..., None] = functools.partial(_hook_and_conditions,
-                                                                 extension, hook)
+            self.method: Callable[..., None] = functools.partial(
+                _hook_and_conditions, extension, hook
+            )
         elif overridden:
             self.method = getattr(extension, hook)
         else:
@@ -117,9 +127,11 @@ class HookDispatcher:
         self.all_extensions = list(extensions)
         self.extensions: List[Extension] = sorted(
             (e for e in self.all_extensions if rank == 0 or not e.rank_zero_only),
-            key=lambda e: e.priority)
+            key=lambda e: e.priority,
+        )
         self.handlers: Dict[str, List[HookTimes]] = {
-            hook: [HookTimes(e, hook) for e in self.extensions if e.handles(hook)] for hook in HOOKS}
+            hook: [HookTimes(e, hook) for e in self.extensions if e.handles(hook)] for hook in HOOKS
+        }
 
     def fire(self, hook: str, *args: Any) -> None:
         """Run ``hook`` on its extensions; an error is re-raised with the extension and hook noted."""
@@ -150,8 +162,11 @@ class HookDispatcher:
 
     def profile(self) -> List[Tuple[str, str, int, float]]:
         """Return ``(extension name, hook, calls, seconds)`` for every dispatched pair, slowest first."""
-        rows = [(h.extension.name, h.hook, h.calls, h.seconds)
-                for handlers in self.handlers.values() for h in handlers]
+        rows = [
+            (h.extension.name, h.hook, h.calls, h.seconds)
+            for handlers in self.handlers.values()
+            for h in handlers
+        ]
         return sorted(rows, key=lambda row: -row[3])
 
     # ------------------------------------------------------------- states
@@ -183,13 +198,16 @@ class HookDispatcher:
                 try:
                     extension.load_state_dict(state[key])
                 except (KeyError, TypeError, ValueError, AttributeError) as error:
-                    raise ValueError(f"the state of extension {key!r} does not load "
-                                     f"({type(error).__name__}: {error})") from None
+                    raise ValueError(
+                        f"the state of extension {key!r} does not load "
+                        f"({type(error).__name__}: {error})"
+                    ) from None
 
 
 def _note_origin(error: BaseException, handler: HookTimes) -> None:
     if getattr(error, "mxoid_origin", None) is None:
         error.mxoid_origin = (handler.extension.name, handler.hook)
         if hasattr(error, "add_note"):
-            error.add_note(f"raised in extension {handler.extension.name!r} "
-                           f"during its {handler.hook} hook")
+            error.add_note(
+                f"raised in extension {handler.extension.name!r} during its {handler.hook} hook"
+            )

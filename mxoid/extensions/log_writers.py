@@ -3,6 +3,7 @@
 The formats, and :func:`~mxoid.log_files.read_log` to read them back, are
 in :mod:`mxoid.log_files`.
 """
+
 from __future__ import annotations
 
 import csv
@@ -31,9 +32,15 @@ class _LogFileWriter(Extension):
 
     rank_zero_only = True
 
-    def __init__(self, path: "os.PathLike[str] | str", *, fsync: bool = False,
-                 name: Optional[str] = None, priority: float = 1000,
-                 rank_zero_only: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        path: "os.PathLike[str] | str",
+        *,
+        fsync: bool = False,
+        name: Optional[str] = None,
+        priority: float = 1000,
+        rank_zero_only: Optional[bool] = None,
+    ) -> None:
         super().__init__(name=name, priority=priority, rank_zero_only=rank_zero_only)
         self.path = os.fspath(path)
         self.fsync = fsync
@@ -109,13 +116,18 @@ class _LogFileWriter(Extension):
     def _write_row(self, iteration: int, row: Dict[str, Any]) -> None:
         log, status = self.main_loop.log, self.main_loop.status
         # Checkpoints of mxoid 0.1 hold no epoch ends: the current count then.
-        epochs = (log.epochs_done_at(iteration) if log.epoch_ends or not status.epochs_done
-                  else status.epochs_done)
+        epochs = (
+            log.epochs_done_at(iteration)
+            if log.epoch_ends or not status.epochs_done
+            else status.epochs_done
+        )
         values = {ITERATION: iteration, EPOCHS_DONE: epochs}
         for name, value in row.items():
             if name in RESERVED_NAMES:
-                raise ValueError(f"{self.name}: record name {name!r} is reserved in log files "
-                                 f"({', '.join(RESERVED_NAMES)}); rename the record")
+                raise ValueError(
+                    f"{self.name}: record name {name!r} is reserved in log files "
+                    f"({', '.join(RESERVED_NAMES)}); rename the record"
+                )
             values[name] = plain_value(value)
         self._write_values(values)
         self._flush()
@@ -180,9 +192,11 @@ class JSONLinesLog(_LogFileWriter):
 
     def _begin_run(self) -> None:
         loop = self.main_loop
-        header = {RUN: self.run,
-                  "started": datetime.now().astimezone().isoformat(timespec="seconds"),
-                  "start_iteration": loop.status.iterations_done}
+        header = {
+            RUN: self.run,
+            "started": datetime.now().astimezone().isoformat(timespec="seconds"),
+            "start_iteration": loop.status.iterations_done,
+        }
         if loop.resumed_from is not None:
             header[log_files.RESUMED_FROM] = loop.resumed_from
         self._write_line(header)

@@ -1,4 +1,5 @@
 """Monitoring: metrics of named outputs on evaluation iterators and on the training batches."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -6,8 +7,14 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 import mxnet as mx
 
 from ..executor_manager import output_short_name
-from ..metrics import (Metric, MetricAccumulator, MetricLike, Reducer, create_metrics,
-                       label_for_output)
+from ..metrics import (
+    Metric,
+    MetricAccumulator,
+    MetricLike,
+    Reducer,
+    create_metrics,
+    label_for_output,
+)
 from .base import FIRING_KEYWORDS, Extension
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -15,18 +22,24 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["Evaluate", "MetricsSpec", "TrainingMonitoring"]
 
-MetricsSpec = Union[MetricLike, Sequence[MetricLike], Mapping[str, Union[MetricLike, Sequence[MetricLike]]]]
+MetricsSpec = Union[
+    MetricLike, Sequence[MetricLike], Mapping[str, Union[MetricLike, Sequence[MetricLike]]]
+]
 """Metrics by output name (``{'softmax': 'acc', 'reg': ['mse', 'mae']}``), or, for a
 symbol with one output, one metric or a list of them."""
 
 NO_OUTPUT_NAMES = (
     "metrics are given without output names, but the symbol has {count} outputs {outputs}; "
-    "map each output to its metrics, e.g. metrics={{{example!r}: 'acc'}}")
+    "map each output to its metrics, e.g. metrics={{{example!r}: 'acc'}}"
+)
 UNKNOWN_OUTPUT = (
     "no output named {name!r}; the symbol's outputs are {outputs} (with or without the "
-    "'_output' suffix)")
-NOT_BOUND = ("{name} is not attached to a MainLoop yet: pass it in MainLoop(..., extensions=[...]) "
-             "(or call its attach(loop))")
+    "'_output' suffix)"
+)
+NOT_BOUND = (
+    "{name} is not attached to a MainLoop yet: pass it in MainLoop(..., extensions=[...]) "
+    "(or call its attach(loop))"
+)
 
 
 def _parse_metrics(metrics: MetricsSpec) -> Tuple[bool, List[Tuple[Optional[str], List[Metric]]]]:
@@ -46,13 +59,16 @@ def _parse_metrics(metrics: MetricsSpec) -> Tuple[bool, List[Tuple[Optional[str]
     return False, [(None, created)]
 
 
-def _bind_outputs(keyed: bool, parsed: List[Tuple[Optional[str], List[Metric]]],
-                  output_names: Sequence[str]) -> List[Tuple[str, Metric]]:
+def _bind_outputs(
+    keyed: bool, parsed: List[Tuple[Optional[str], List[Metric]]], output_names: Sequence[str]
+) -> List[Tuple[str, Metric]]:
     if not keyed:
         if len(output_names) != 1:
-            raise ValueError(NO_OUTPUT_NAMES.format(count=len(output_names),
-                                                    outputs=list(output_names),
-                                                    example=output_names[0]))
+            raise ValueError(
+                NO_OUTPUT_NAMES.format(
+                    count=len(output_names), outputs=list(output_names), example=output_names[0]
+                )
+            )
         return [(output_names[0], metric) for metric in parsed[0][1]]
     bound = []
     for name, metrics in parsed:
@@ -63,13 +79,19 @@ def _bind_outputs(keyed: bool, parsed: List[Tuple[Optional[str], List[Metric]]],
     return bound
 
 
-def _record_names(prefix: str, bound: Sequence[Tuple[str, Metric]], single_output: bool) -> List[str]:
-    names = [f"{prefix}_{metric.name}" if single_output else f"{prefix}_{output}_{metric.name}"
-             for output, metric in bound]
+def _record_names(
+    prefix: str, bound: Sequence[Tuple[str, Metric]], single_output: bool
+) -> List[str]:
+    names = [
+        f"{prefix}_{metric.name}" if single_output else f"{prefix}_{output}_{metric.name}"
+        for output, metric in bound
+    ]
     repeated = sorted({name for name in names if names.count(name) > 1})
     if repeated:
-        raise ValueError(f"several metrics would write the records {repeated}; give each metric "
-                         "of an output only once (or wrap one in HostMetric(..., name=...))")
+        raise ValueError(
+            f"several metrics would write the records {repeated}; give each metric "
+            "of an output only once (or wrap one in HostMetric(..., name=...))"
+        )
     return names
 
 
@@ -156,19 +178,25 @@ class Evaluate(_MetricsExtension):
     ...          metrics={"softmax": "acc", "reg": ["mse", "mae"]})
     """
 
-    def __init__(self, iterators: Mapping[str, mx.io.DataIter], metrics: MetricsSpec,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, iterators: Mapping[str, mx.io.DataIter], metrics: MetricsSpec, **kwargs: Any
+    ) -> None:
         if not isinstance(iterators, Mapping) or not iterators:
-            raise TypeError("iterators must be a non-empty dict of name -> mx.io.DataIter, e.g. "
-                            f"{{'valid': valid_iter}}; got {type(iterators).__name__}")
+            raise TypeError(
+                "iterators must be a non-empty dict of name -> mx.io.DataIter, e.g. "
+                f"{{'valid': valid_iter}}; got {type(iterators).__name__}"
+            )
         for name, iterator in iterators.items():
             if not isinstance(name, str) or not name:
-                raise ValueError(f"iterator names are the record prefixes, non-empty strings; "
-                                 f"got {name!r}")
+                raise ValueError(
+                    f"iterator names are the record prefixes, non-empty strings; got {name!r}"
+                )
             for attribute in ("provide_data", "provide_label", "reset"):
                 if not hasattr(iterator, attribute):
-                    raise TypeError(f"iterator {name!r} must be an mx.io.DataIter (it has no "
-                                    f"{attribute}); got {type(iterator).__name__}")
+                    raise TypeError(
+                        f"iterator {name!r} must be an mx.io.DataIter (it has no "
+                        f"{attribute}); got {type(iterator).__name__}"
+                    )
         if not any(kwargs.get(keyword) for keyword in FIRING_KEYWORDS):
             kwargs["every_n_epochs"] = 1
         super().__init__(metrics, **kwargs)
@@ -186,8 +214,9 @@ class Evaluate(_MetricsExtension):
             try:
                 for output, _ in bound:
                     label_for_output(output, loop.manager.output_names, label_names)
-                manager = loop.manager.evaluation_manager(iterator.provide_data,
-                                                          iterator.provide_label)
+                manager = loop.manager.evaluation_manager(
+                    iterator.provide_data, iterator.provide_label
+                )
                 self._accumulators[name] = MetricAccumulator(manager, bound)
             except ValueError as error:
                 raise ValueError(f"{self.name}, iterator {name!r}: {error}") from None
@@ -269,8 +298,9 @@ class TrainingMonitoring(_MetricsExtension):
     >>> TrainingMonitoring({"softmax": ["acc", "ce"]}, every_n_batches=100)
     """
 
-    def __init__(self, metrics: MetricsSpec, every_n_batches: Optional[int] = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, metrics: MetricsSpec, every_n_batches: Optional[int] = None, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("after_epoch", True)
         super().__init__(metrics, every_n_batches=every_n_batches, **kwargs)
         self.accumulator: Optional[MetricAccumulator] = None

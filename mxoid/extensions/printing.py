@@ -1,4 +1,5 @@
 """Showing training as it goes: printed reports and a progress bar."""
+
 from __future__ import annotations
 
 import math
@@ -106,9 +107,15 @@ class ProgressBar(Extension):
 
     rank_zero_only = True
 
-    def __init__(self, *, disable: Optional[bool] = None, file: Optional[IO[str]] = None,
-                 name: Optional[str] = None, priority: float = 300,
-                 rank_zero_only: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        *,
+        disable: Optional[bool] = None,
+        file: Optional[IO[str]] = None,
+        name: Optional[str] = None,
+        priority: float = 300,
+        rank_zero_only: Optional[bool] = None,
+    ) -> None:
         super().__init__(name=name, priority=priority, rank_zero_only=rank_zero_only)
         self.disable = disable
         self.file = file
@@ -143,9 +150,15 @@ class ProgressBar(Extension):
     def _open(self, initial: int) -> None:
         self._close()
         total = self._epoch_length or batches_per_epoch(self.main_loop.train_data)
-        self.bar = tqdm(total=total, initial=initial, file=self.file, disable=self.disable,
-                        desc=f"epoch {self.main_loop.status.epochs_done + 1}", unit="batch",
-                        dynamic_ncols=True)
+        self.bar = tqdm(
+            total=total,
+            initial=initial,
+            file=self.file,
+            disable=self.disable,
+            desc=f"epoch {self.main_loop.status.epochs_done + 1}",
+            unit="batch",
+            dynamic_ncols=True,
+        )
         if self.postfix:
             self.bar.set_postfix(self.postfix, refresh=False)
 
@@ -153,8 +166,11 @@ class ProgressBar(Extension):
         row = self.main_loop.log.get(self.main_loop.status.iterations_done)
         if not row:
             return
-        numbers = {name: format_value(value) for name, value in row.items()
-                   if isinstance(value, (int, float, np.number)) and not isinstance(value, bool)}
+        numbers = {
+            name: format_value(value)
+            for name, value in row.items()
+            if isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+        }
         if numbers:
             self.postfix.update(numbers)
             self.bar.set_postfix(self.postfix, refresh=False)

@@ -1,4 +1,5 @@
 """Saving checkpoints that training resumes from exactly."""
+
 from __future__ import annotations
 
 import logging
@@ -8,9 +9,17 @@ from typing import Any, Dict, List, Optional
 
 import mxnet as mx
 
-from ..checkpoint import (CheckpointError, DirectoryLock, checkpoint_name, clean_temporaries,
-                          list_checkpoints, next_sequence, read_manifest, remove_checkpoint,
-                          write_checkpoint)
+from ..checkpoint import (
+    CheckpointError,
+    DirectoryLock,
+    checkpoint_name,
+    clean_temporaries,
+    list_checkpoints,
+    next_sequence,
+    read_manifest,
+    remove_checkpoint,
+    write_checkpoint,
+)
 from ..log.records import CHECKPOINT_SAVED_TO, NAN_DETECTED
 from .base import Extension
 from ..log.records import MISSING, RecordReader, to_float
@@ -28,7 +37,8 @@ OTHER_RUN = (
     "{newest}). A new run there would prune them, and a later resume_from={directory!r} could "
     "continue the wrong run. Resume that run with MainLoop(..., resume_from={directory!r}), "
     "give this run another directory, or pass Checkpoint(..., require_empty=False) to write "
-    "beside them (this run then never deletes them)")
+    "beside them (this run then never deletes them)"
+)
 
 
 class Checkpoint(Extension):
@@ -108,20 +118,31 @@ class Checkpoint(Extension):
 
     rank_zero_only = True
 
-    def __init__(self, directory: "os.PathLike[str] | str", every_n_epochs: Optional[int] = 1,
-                 every_n_batches: Optional[int] = None, keep_last: Optional[int] = 3,
-                 save_best_of: Optional[str] = None, best_mode: str = "auto",
-                 require_empty: bool = True, prefix: str = "model", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        directory: "os.PathLike[str] | str",
+        every_n_epochs: Optional[int] = 1,
+        every_n_batches: Optional[int] = None,
+        keep_last: Optional[int] = 3,
+        save_best_of: Optional[str] = None,
+        best_mode: str = "auto",
+        require_empty: bool = True,
+        prefix: str = "model",
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(directory, (str, os.PathLike)) or not os.fspath(directory):
             raise ValueError(f"Checkpoint needs a directory, a non-empty path; got {directory!r}")
-        if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
-                                      or keep_last < 1):
+        if keep_last is not None and (
+            isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 1
+        ):
             raise ValueError(f"keep_last must be at least 1 (or None to keep all), got {keep_last}")
         if best_mode not in ("auto", "min", "max"):
             raise ValueError(f"best_mode must be 'auto', 'min' or 'max', got {best_mode!r}")
         if prefix != "model":
-            raise ValueError("the MXNet files inside a checkpoint are always named model-*: "
-                             f"prefix={prefix!r} is not supported")
+            raise ValueError(
+                "the MXNet files inside a checkpoint are always named model-*: "
+                f"prefix={prefix!r} is not supported"
+            )
         kwargs.setdefault("priority", 200)
         kwargs.setdefault("after_training", True)
         kwargs.setdefault("on_interrupt", True)
@@ -135,12 +156,16 @@ class Checkpoint(Extension):
         self.require_empty = require_empty
         self.save_best_of = save_best_of
         if best_mode == "auto":
-            best_mode = "max" if save_best_of and any(
-                word in save_best_of.lower() for word in _HIGHER_IS_BETTER) else "min"
+            best_mode = (
+                "max"
+                if save_best_of and any(word in save_best_of.lower() for word in _HIGHER_IS_BETTER)
+                else "min"
+            )
         self.best_mode = best_mode
         self.best = BestValue(best_mode)
-        self._best_reader = (RecordReader(save_best_of, owner="Checkpoint(save_best_of)")
-                             if save_best_of else None)
+        self._best_reader = (
+            RecordReader(save_best_of, owner="Checkpoint(save_best_of)") if save_best_of else None
+        )
         self.prefix = prefix
         self.sequence = 0
         self.last_saved: Optional[str] = None
@@ -169,8 +194,9 @@ class Checkpoint(Extension):
             if self.require_empty:
                 others = self._other_runs()
                 if others:
-                    raise CheckpointError(OTHER_RUN.format(directory=self.directory,
-                                                           newest=others[-1]))
+                    raise CheckpointError(
+                        OTHER_RUN.format(directory=self.directory, newest=others[-1])
+                    )
         except BaseException:
             self._lock.release()
             raise
@@ -230,13 +256,18 @@ class Checkpoint(Extension):
         if NAN_DETECTED in row:
             logger.warning("not saving a checkpoint: %s is not finite", row[NAN_DETECTED])
             return None
-        counters = [status.iterations_done, status.epochs_done, status.epoch_started,
-                    status.interrupted]
+        counters = [
+            status.iterations_done,
+            status.epochs_done,
+            status.epoch_started,
+            status.interrupted,
+        ]
         if counters == self._last_counters:
             return self.last_saved
         sequence = next_sequence(self.directory)
-        path = os.path.join(self.directory, checkpoint_name(
-            sequence, status.epochs_done, status.iterations_done))
+        path = os.path.join(
+            self.directory, checkpoint_name(sequence, status.epochs_done, status.iterations_done)
+        )
         self._write(path, sequence, record=CHECKPOINT_SAVED_TO)
         logger.info("checkpoint saved to %s", path)
         self._prune()
@@ -253,15 +284,27 @@ class Checkpoint(Extension):
         if record:
             row[record] = path
             self.sequence, self.last_saved = sequence or self.sequence, path
-            self._last_counters = [status.iterations_done, status.epochs_done,
-                                   status.epoch_started, status.interrupted]
+            self._last_counters = [
+                status.iterations_done,
+                status.epochs_done,
+                status.epoch_started,
+                status.interrupted,
+            ]
         seed = zlib.crc32(f"{status.iterations_done}:{status.epochs_done}".encode()) & 0x7FFFFFFF
         try:
             state = loop.state_dict()
             state["mxnet_seed"] = seed
             arg_params, aux_params = loop.get_params()
-            write_checkpoint(path, loop.symbol, arg_params, aux_params, state,
-                             loop.optimizer_states(), run_id=loop.run_id, sequence=sequence)
+            write_checkpoint(
+                path,
+                loop.symbol,
+                arg_params,
+                aux_params,
+                state,
+                loop.optimizer_states(),
+                run_id=loop.run_id,
+                sequence=sequence,
+            )
         except BaseException:
             if record:
                 self.sequence, self.last_saved, self._last_counters = saved_state
@@ -293,17 +336,24 @@ class Checkpoint(Extension):
     def _prune(self) -> None:
         if self.keep_last is None:
             return
-        mine = [path for path in list_checkpoints(self.directory)
-                if self._run_of(path) == self.main_loop.run_id]
-        for path in mine[:-self.keep_last]:
+        mine = [
+            path
+            for path in list_checkpoints(self.directory)
+            if self._run_of(path) == self.main_loop.run_id
+        ]
+        for path in mine[: -self.keep_last]:
             remove_checkpoint(path)
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> Dict[str, Any]:
         reader = self._best_reader
-        return {"sequence": self.sequence, "best": self.best.state_dict(),
-                "best_checked_iteration": None if reader is None else reader.checked_iteration,
-                "last_saved": self.last_saved, "last_counters": self._last_counters}
+        return {
+            "sequence": self.sequence,
+            "best": self.best.state_dict(),
+            "best_checked_iteration": None if reader is None else reader.checked_iteration,
+            "last_saved": self.last_saved,
+            "last_counters": self._last_counters,
+        }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         self.sequence = state["sequence"]

@@ -1,4 +1,5 @@
 """Model selection: keeping track of the best value of a record."""
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,11 @@ class BestValue:
     def __init__(self, mode: str = "min", min_delta: float = 0.0) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        if (isinstance(min_delta, bool) or not isinstance(min_delta, (int, float))
-                or not min_delta >= 0):
+        if (
+            isinstance(min_delta, bool)
+            or not isinstance(min_delta, (int, float))
+            or not min_delta >= 0
+        ):
             raise ValueError(f"min_delta must be a number >= 0, got {min_delta!r}")
         self.mode = mode
         self.min_delta = float(min_delta)

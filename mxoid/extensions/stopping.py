@@ -1,4 +1,5 @@
 """Extensions that end training: limits, early stopping, and a guard against NaN."""
+
 from __future__ import annotations
 
 import logging
@@ -16,7 +17,6 @@ from .selection import BestValue
 __all__ = ["EarlyStopping", "FinishAfter", "NaNGuard"]
 
 logger = logging.getLogger(__name__)
-
 
 
 class FinishAfter(Extension):
@@ -50,17 +50,24 @@ class FinishAfter(Extension):
 
     stops_training = True
 
-    def __init__(self, after_n_epochs: Optional[int] = None,
-                 after_n_batches: Optional[int] = None, seconds: Optional[float] = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self,
+        after_n_epochs: Optional[int] = None,
+        after_n_batches: Optional[int] = None,
+        seconds: Optional[float] = None,
+        **kwargs: Any,
+    ) -> None:
         if after_n_epochs is None and after_n_batches is None and seconds is None:
             raise ValueError("FinishAfter needs after_n_epochs, after_n_batches or seconds")
-        for name, value in (("after_n_epochs", after_n_epochs),
-                            ("after_n_batches", after_n_batches)):
+        for name, value in (
+            ("after_n_epochs", after_n_epochs),
+            ("after_n_batches", after_n_batches),
+        ):
             if value is not None and (not isinstance(value, int) or value < 0):
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        if seconds is not None and (isinstance(seconds, bool)
-                                    or not isinstance(seconds, (int, float)) or not seconds > 0):
+        if seconds is not None and (
+            isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0
+        ):
             raise ValueError(f"seconds must be a positive number, got {seconds!r}")
         self.epoch_limit = after_n_epochs
         self.batch_limit = after_n_batches
@@ -85,15 +92,18 @@ class FinishAfter(Extension):
             self._started = time.monotonic()
         status = self.main_loop.status
         if self.epoch_limit is not None and status.epochs_done >= self.epoch_limit:
-            self.main_loop.request_stop(f"{self.name}: {status.epochs_done} epochs done",
-                                        every_rank=True)
+            self.main_loop.request_stop(
+                f"{self.name}: {status.epochs_done} epochs done", every_rank=True
+            )
         elif self.batch_limit is not None and status.iterations_done >= self.batch_limit:
-            self.main_loop.request_stop(f"{self.name}: {status.iterations_done} batches done",
-                                        every_rank=True)
+            self.main_loop.request_stop(
+                f"{self.name}: {status.iterations_done} batches done", every_rank=True
+            )
         elif self.time_limit is not None and self.seconds_elapsed() >= self.time_limit:
             self.main_loop.request_stop(
                 f"{self.name}: time limit of {self.time_limit:g} s reached "
-                f"({self.seconds_elapsed():.1f} s of training)")
+                f"({self.seconds_elapsed():.1f} s of training)"
+            )
 
     def state_dict(self) -> Dict[str, Any]:
         """Return the seconds of training so far."""
@@ -148,8 +158,9 @@ class EarlyStopping(Extension):
 
     stops_training = True
 
-    def __init__(self, record: str, patience: int, mode: str = "min", min_delta: float = 0.0,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, record: str, patience: int, mode: str = "min", min_delta: float = 0.0, **kwargs: Any
+    ) -> None:
         if isinstance(patience, bool) or not isinstance(patience, int) or patience < 1:
             raise ValueError(f"patience must be an int >= 1, got {patience!r}")
         self.reader = RecordReader(record, owner=kwargs.get("name") or type(self).__name__)
@@ -176,15 +187,19 @@ class EarlyStopping(Extension):
         record, count = self.reader.name, self.checks_without_improvement
         if self.best.value is None:
             return f"{self.name}: {record} has had no numeric value in {count} checks"
-        return (f"{self.name}: {record} has not improved on {self.best.value:.6g} "
-                f"(iteration {self.best.iteration}) for {count} checks "
-                f"(patience {self.patience}, min_delta {self.best.min_delta:g})")
+        return (
+            f"{self.name}: {record} has not improved on {self.best.value:.6g} "
+            f"(iteration {self.best.iteration}) for {count} checks "
+            f"(patience {self.patience}, min_delta {self.best.min_delta:g})"
+        )
 
     def state_dict(self) -> Dict[str, Any]:
         """Return the best value and its iteration, the count and the row last checked."""
-        return {**self.best.state_dict(),
-                "checks_without_improvement": self.checks_without_improvement,
-                "checked_iteration": self.reader.checked_iteration}
+        return {
+            **self.best.state_dict(),
+            "checks_without_improvement": self.checks_without_improvement,
+            "checked_iteration": self.reader.checked_iteration,
+        }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned."""
@@ -232,8 +247,9 @@ class NaNGuard(Extension):
 
     stops_training = True
 
-    def __init__(self, records: Union[str, Sequence[str]] = (), check_parameters: bool = True,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, records: Union[str, Sequence[str]] = (), check_parameters: bool = True, **kwargs: Any
+    ) -> None:
         names = [records] if isinstance(records, str) else list(records)
         if not names and not check_parameters:
             raise ValueError("NaNGuard needs records to watch or check_parameters=True")
@@ -260,14 +276,19 @@ class NaNGuard(Extension):
         loop = self.main_loop
         manager = loop.manager
         # Parameters are the same on every device; auxiliary states are each device's own.
-        entries = [(name, copies[:1]) for name, copies in zip(manager.param_names,
-                                                              manager.param_arrays)]
+        entries = [
+            (name, copies[:1]) for name, copies in zip(manager.param_names, manager.param_arrays)
+        ]
         entries += list(zip(manager.aux_names, manager.aux_arrays))
         if not entries:
             return None
         loop.synchronize()
-        flags = [mx.nd.concat(*[mx.nd.contrib.isfinite(array).min().reshape((1,))
-                                for array in copies], dim=0).min() for _, copies in entries]
+        flags = [
+            mx.nd.concat(
+                *[mx.nd.contrib.isfinite(array).min().reshape((1,)) for array in copies], dim=0
+            ).min()
+            for _, copies in entries
+        ]
         for (name, _), finite in zip(entries, mx.nd.concat(*flags, dim=0).asnumpy()):
             if not finite:
                 return name
@@ -276,8 +297,10 @@ class NaNGuard(Extension):
     def _stop(self, name: str, what: str) -> None:
         status = self.main_loop.status
         self.main_loop.log.current_row[NAN_DETECTED] = name
-        message = (f"{self.name}: {what} at iteration {status.iterations_done} "
-                   f"({status.epochs_done} epochs done); training stops")
+        message = (
+            f"{self.name}: {what} at iteration {status.iterations_done} "
+            f"({status.epochs_done} epochs done); training stops"
+        )
         logger.error(message)
         self.main_loop.request_stop(message)
 

@@ -1,4 +1,5 @@
 """Writing log records as TensorBoard scalars (with tensorboardX)."""
+
 from __future__ import annotations
 
 import fnmatch
@@ -14,8 +15,10 @@ __all__ = ["TENSORBOARD_EXTRA", "TensorBoard"]
 
 _FILES = itertools.count(1)  # tells apart the files a process starts in the same second
 
-TENSORBOARD_EXTRA = ("TensorBoard needs tensorboardX, which is not installed: "
-                     "pip install 'mxoid[tensorboard]' (or: pip install tensorboardX)")
+TENSORBOARD_EXTRA = (
+    "TensorBoard needs tensorboardX, which is not installed: "
+    "pip install 'mxoid[tensorboard]' (or: pip install tensorboardX)"
+)
 
 
 class TensorBoard(Extension):
@@ -75,9 +78,16 @@ class TensorBoard(Extension):
 
     rank_zero_only = True
 
-    def __init__(self, logdir: "os.PathLike[str] | str", records: Optional[Sequence[str]] = None,
-                 *, flush_secs: float = 30, name: Optional[str] = None, priority: float = 1000,
-                 rank_zero_only: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        logdir: "os.PathLike[str] | str",
+        records: Optional[Sequence[str]] = None,
+        *,
+        flush_secs: float = 30,
+        name: Optional[str] = None,
+        priority: float = 1000,
+        rank_zero_only: Optional[bool] = None,
+    ) -> None:
         try:
             from tensorboardX import summary
             from tensorboardX.event_file_writer import EventsWriter
@@ -129,12 +139,17 @@ class TensorBoard(Extension):
         os.makedirs(self.logdir, exist_ok=True)
         # TensorBoard reads the files in name order: the second they were
         # started, then (within a process) the order they were started in.
-        self.writer = self._events_writer(os.path.join(self.logdir, "events"),
-                                          f".{os.getpid()}.{next(_FILES):06d}.mxoid")
+        self.writer = self._events_writer(
+            os.path.join(self.logdir, "events"), f".{os.getpid()}.{next(_FILES):06d}.mxoid"
+        )
         if purge_step is not None:
-            self.writer.write_event(self._event_pb2.Event(
-                wall_time=time.time(), step=purge_step,
-                session_log=self._event_pb2.SessionLog(status=self._event_pb2.SessionLog.START)))
+            self.writer.write_event(
+                self._event_pb2.Event(
+                    wall_time=time.time(),
+                    step=purge_step,
+                    session_log=self._event_pb2.SessionLog(status=self._event_pb2.SessionLog.START),
+                )
+            )
         self._flush()
         self._next_row = self.main_loop.status.iterations_done
         self._written = set()
@@ -157,15 +172,20 @@ class TensorBoard(Extension):
                 continue
             number = _number(value)
             if number is not None:
-                self.writer.write_event(self._event_pb2.Event(
-                    wall_time=time.time(), step=iteration,
-                    summary=self._summary.scalar(name, number)))
+                self.writer.write_event(
+                    self._event_pb2.Event(
+                        wall_time=time.time(),
+                        step=iteration,
+                        summary=self._summary.scalar(name, number),
+                    )
+                )
                 if iteration == self._next_row:
                     self._written.add(name)
 
     def _wanted(self, name: str) -> bool:
-        return self.records is None or any(fnmatch.fnmatchcase(name, pattern)
-                                           for pattern in self.records)
+        return self.records is None or any(
+            fnmatch.fnmatchcase(name, pattern) for pattern in self.records
+        )
 
     def _finish(self) -> None:
         if self.writer is None:

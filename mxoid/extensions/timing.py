@@ -1,4 +1,5 @@
 """Timing: seconds per batch and per epoch, samples per second, total time."""
+
 from __future__ import annotations
 
 from time import perf_counter

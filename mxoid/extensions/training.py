@@ -1,4 +1,5 @@
 """Extensions that change how training proceeds: the learning-rate schedule."""
+
 from __future__ import annotations
 
 import math
@@ -68,8 +69,10 @@ class LearningRateSchedule(Extension):
 
     def __init__(self, schedule: Schedule, every: str = "batch", **kwargs: Any) -> None:
         if not callable(schedule):
-            raise TypeError(f"schedule must be an mx.lr_scheduler.LRScheduler or a callable of the "
-                            f"loop status, not {type(schedule).__name__}")
+            raise TypeError(
+                f"schedule must be an mx.lr_scheduler.LRScheduler or a callable of the "
+                f"loop status, not {type(schedule).__name__}"
+            )
         if every not in ("batch", "epoch"):
             raise ValueError(f"every must be 'batch' or 'epoch', got {every!r}")
         self.schedule = schedule
@@ -90,12 +93,16 @@ class LearningRateSchedule(Extension):
     def _check_optimizer(self) -> None:
         loop = self.main_loop
         if loop.optimizer.lr_scheduler is not None:
-            raise ValueError(f"{self.name}: the optimizer has its own lr_scheduler, which would "
-                             "override the rate set here; give the schedule to one of them only")
+            raise ValueError(
+                f"{self.name}: the optimizer has its own lr_scheduler, which would "
+                "override the rate set here; give the schedule to one of them only"
+            )
         if loop.update_on_kvstore and is_distributed(loop.kvstore):
-            raise ValueError(f"{self.name}: with kvstore {loop.kvstore.type!r} and "
-                             "update_on_kvstore the optimizer runs on the servers, out of "
-                             "reach; pass update_on_kvstore=False to MainLoop")
+            raise ValueError(
+                f"{self.name}: with kvstore {loop.kvstore.type!r} and "
+                "update_on_kvstore the optimizer runs on the servers, out of "
+                "reach; pass update_on_kvstore=False to MainLoop"
+            )
 
     def current_rate(self) -> float:
         """Return the rate the schedule gives for the coming batch."""
@@ -106,8 +113,10 @@ class LearningRateSchedule(Extension):
             rate = self.schedule(status)
         rate = float(rate)
         if not (math.isfinite(rate) and rate >= 0):
-            raise ValueError(f"{self.name}: the schedule gave learning rate {rate!r} at iteration "
-                             f"{status.iterations_done}; it must be finite and >= 0")
+            raise ValueError(
+                f"{self.name}: the schedule gave learning rate {rate!r} at iteration "
+                f"{status.iterations_done}; it must be finite and >= 0"
+            )
         return rate
 
     def do(self, which_callback: str, *args: Any) -> None:

@@ -8,6 +8,7 @@
 
 Nothing here needs MXNet, so that ``mxoid show`` starts fast.
 """
+
 from .files import read_log
 from .status import TrainingStatus
 from .training_log import TrainingLog

@@ -30,6 +30,7 @@ complete and flushed, so a crash loses at most the current row. A last
 line without its ``\\n`` is a torn write: readers ignore it and writers
 cut it off before they append.
 """
+
 from __future__ import annotations
 
 import csv
@@ -68,8 +69,10 @@ RESERVED_NAMES = (RUN, ITERATION, EPOCHS_DONE)
 _NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 _INT = re.compile(r"[-+]?\d+")
 _FLOAT = re.compile(r"[-+]?(\d+\.?\d*([eE][-+]?\d+)?|\.\d+([eE][-+]?\d+)?|nan|inf)")
-NOT_A_LOG = ("{path}: not a log file written by JSONLinesLog or CSVLog (those start with a "
-             "'{{\"run\": ...}}' line or a 'run,iteration,epochs_done' header)")
+NOT_A_LOG = (
+    "{path}: not a log file written by JSONLinesLog or CSVLog (those start with a "
+    "'{{\"run\": ...}}' line or a 'run,iteration,epochs_done' header)"
+)
 
 
 @dataclass
@@ -185,8 +188,7 @@ def _resumed_at(run: List[Dict[str, Any]]) -> Optional[int]:
     return first[ITERATION] if RESUMED_FROM in first else None
 
 
-def continued_rows(contents: "LogFileContents", last: Optional[int] = None
-                   ) -> List[Dict[str, Any]]:
+def continued_rows(contents: "LogFileContents", last: Optional[int] = None) -> List[Dict[str, Any]]:
     """The rows of one training: the last run (or run number ``last``) with the runs it resumed.
 
     A resumed run supersedes the rows of the run before it from its first
@@ -194,7 +196,7 @@ def continued_rows(contents: "LogFileContents", last: Optional[int] = None
     """
     runs = _runs(contents)
     if last is not None:
-        runs = runs[:next(i for i, run in enumerate(runs) if run[0][RUN] == last) + 1]
+        runs = runs[: next(i for i, run in enumerate(runs) if run[0][RUN] == last) + 1]
     if not runs:
         return []
     chain = [runs.pop()]
@@ -219,7 +221,7 @@ def parse_log_file(path: "os.PathLike[str] | str") -> LogFileContents:
         raise ValueError(f"{path}: no such log file") from None
     except UnicodeDecodeError:
         raise ValueError(NOT_A_LOG.format(path=path)) from None
-    text = text[:text.rfind("\n") + 1]  # a last line without its newline is a torn write
+    text = text[: text.rfind("\n") + 1]  # a last line without its newline is a torn write
     if not text.strip():
         raise ValueError(f"{path}: the log file is empty")
     if text.startswith("{"):

@@ -7,6 +7,7 @@ again; :class:`RecordReader` does that. Extensions that show or store records
 (printing, progress bars, log files) turn NDArrays and NumPy scalars into
 Python values with :func:`plain_value`.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -19,8 +20,18 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     from .training_log import TrainingLog
 
-__all__ = ["CHECKPOINT_SAVED_TO", "ERROR", "MISSING", "NAN_DETECTED", "RESUMED_FROM",
-           "TRAINING_FINISH_REQUESTED", "RecordReader", "format_value", "plain_value", "to_float"]
+__all__ = [
+    "CHECKPOINT_SAVED_TO",
+    "ERROR",
+    "MISSING",
+    "NAN_DETECTED",
+    "RESUMED_FROM",
+    "TRAINING_FINISH_REQUESTED",
+    "RecordReader",
+    "format_value",
+    "plain_value",
+    "to_float",
+]
 
 TRAINING_FINISH_REQUESTED = "training_finish_requested"
 """The record of a stop request: its reason (:meth:`mxoid.MainLoop.request_stop`)."""
@@ -86,9 +97,11 @@ class RecordReader:
         close = difflib.get_close_matches(self.name, names, n=3, cutoff=0.6)
         hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
         who = f"{self.owner}: " if self.owner else ""
-        warnings.warn(f"{who}record {self.name!r} has not been written in the first epoch"
-                      f"{hint} (the records so far: {names}). Until it is, nothing is checked",
-                      stacklevel=4)
+        warnings.warn(
+            f"{who}record {self.name!r} has not been written in the first epoch"
+            f"{hint} (the records so far: {names}). Until it is, nothing is checked",
+            stacklevel=4,
+        )
 
 
 def plain_value(value: Any) -> Any:

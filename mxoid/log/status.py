@@ -1,4 +1,5 @@
 """The loop's counters and flags."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -1,4 +1,5 @@
 """The in-memory log: iteration number -> row of records, as in Blocks."""
+
 from __future__ import annotations
 
 import bisect
@@ -94,8 +95,9 @@ class TrainingLog(Mapping):
         found = self._latest.get(name)
         if found is None:
             if default is _MISSING:
-                raise KeyError(f"no record named {name!r} in the log; records so far: "
-                               f"{sorted(self._latest)}")
+                raise KeyError(
+                    f"no record named {name!r} in the log; records so far: {sorted(self._latest)}"
+                )
             return default
         return found[1]
 
@@ -135,9 +137,11 @@ class TrainingLog(Mapping):
 
     def state_dict(self) -> Dict[str, Any]:
         """Return the rows and status as plain data (JSON-serializable when the records are)."""
-        return {"status": self.status.state_dict(),
-                "rows": [[i, dict(self._rows[i])] for i in sorted(self._rows)],
-                "epoch_ends": list(self.epoch_ends)}
+        return {
+            "status": self.status.state_dict(),
+            "rows": [[i, dict(self._rows[i])] for i in sorted(self._rows)],
+            "epoch_ends": list(self.epoch_ends),
+        }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Replace the rows and status with those of :meth:`state_dict`."""

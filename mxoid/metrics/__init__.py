@@ -17,6 +17,7 @@ Three kinds of metric are accepted wherever mxoid asks for metrics
 - a function ``f(label, pred) -> float`` of NumPy arrays: called once per
   batch on its real rows, weighted by their number. It synchronizes too.
 """
+
 from __future__ import annotations
 
 from .accumulator import MetricAccumulator, Reducer
@@ -25,5 +26,15 @@ from .device import DEVICE_METRIC_NAMES, DeviceMetric
 from .host import HostMetric
 from .naming import label_for_output, snake_case
 
-__all__ = ["DEVICE_METRIC_NAMES", "DeviceMetric", "HostMetric", "Metric", "MetricAccumulator",
-           "MetricLike", "Reducer", "create_metrics", "label_for_output", "snake_case"]
+__all__ = [
+    "DEVICE_METRIC_NAMES",
+    "DeviceMetric",
+    "HostMetric",
+    "Metric",
+    "MetricAccumulator",
+    "MetricLike",
+    "Reducer",
+    "create_metrics",
+    "label_for_output",
+    "snake_case",
+]

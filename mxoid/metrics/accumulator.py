@@ -1,4 +1,5 @@
 """Running sums of metrics over batches, kept on the devices."""
+
 from __future__ import annotations
 
 import copy
@@ -23,6 +24,7 @@ Reducer = Callable[[np.ndarray], np.ndarray]
 """Maps the ``(metrics, 2)`` array of ``(sum, count)`` rows to the same, e.g. summed over workers."""
 
 _CACHED_OP_FLAGS = [("static_alloc", True), ("static_shape", True)]
+
 
 class MetricAccumulator:
     """Running sums of metrics over the batches run through one executor manager.
@@ -54,8 +56,9 @@ class MetricAccumulator:
     [0.93]
     """
 
-    def __init__(self, manager: "DataParallelExecutorManager",
-                 metrics: Sequence[Tuple[str, Metric]]) -> None:
+    def __init__(
+        self, manager: "DataParallelExecutorManager", metrics: Sequence[Tuple[str, Metric]]
+    ) -> None:
         self.manager = manager
         self.metrics: List[Metric] = []
         self.rows = 0
@@ -63,8 +66,9 @@ class MetricAccumulator:
         for output, metric in metrics:
             output = output_short_name(output)
             if output not in manager.outputs:
-                raise ValueError(f"no output named {output!r}; the symbol's outputs are "
-                                 f"{manager.output_names}")
+                raise ValueError(
+                    f"no output named {output!r}; the symbol's outputs are {manager.output_names}"
+                )
             label = label_for_output(output, manager.output_names, manager.label_names)
             if isinstance(metric, HostMetric):
                 metric = copy.deepcopy(metric)  # each accumulator keeps its own state
@@ -96,12 +100,14 @@ class MetricAccumulator:
             for position, (index, metric, output, label) in enumerate(entries):
                 pred = symbols[f"pred{outputs.index(output)}"]
                 label_symbol = symbols[f"label{labels.index(label)}"]
-                sums, elements = metric.per_row(pred, label_symbol, pred_shapes[output],
-                                                label_shapes[label])
+                sums, elements = metric.per_row(
+                    pred, label_symbol, pred_shapes[output], label_shapes[label]
+                )
                 self._elements[index] = elements
                 sums = mx.sym.cast(sums, dtype="float64")
-                new_sums.append(mx.sym.var(f"sum{position}")
-                                + mx.sym.where(mask, sums, mx.sym.zeros_like(sums)))
+                new_sums.append(
+                    mx.sym.var(f"sum{position}") + mx.sym.where(mask, sums, mx.sym.zeros_like(sums))
+                )
             graph = mx.sym.Group(new_sums)
             rows = manager.slices[device].stop - manager.slices[device].start
             inputs = {f"pred{i}": manager.outputs[o][device] for i, o in enumerate(outputs)}
@@ -111,26 +117,36 @@ class MetricAccumulator:
             names = graph.list_arguments()
             self._mask_position = names.index("mask")
             operator = mx.nd.CachedOp(graph, flags=_CACHED_OP_FLAGS)
-            sums = [[mx.nd.zeros((rows,), ctx=ctx, dtype="float64") for _ in entries] for _ in range(2)]
+            sums = [
+                [mx.nd.zeros((rows,), ctx=ctx, dtype="float64") for _ in entries] for _ in range(2)
+            ]
             for parity in (0, 1):
                 inputs.update({f"sum{p}": array for p, array in enumerate(sums[parity])})
                 self._calls[parity].append((operator, [inputs[n] for n in names], sums[1 - parity]))
                 self._sums[parity].append(sums[parity])
 
     @staticmethod
-    def _check_graph(graph: mx.sym.Symbol, inputs: Dict[str, mx.nd.NDArray], rows: int,
-                     metrics: List[DeviceMetric]) -> None:
+    def _check_graph(
+        graph: mx.sym.Symbol,
+        inputs: Dict[str, mx.nd.NDArray],
+        rows: int,
+        metrics: List[DeviceMetric],
+    ) -> None:
         shapes = {name: array.shape for name, array in inputs.items()}
         shapes.update({f"sum{p}": (rows,) for p in range(len(metrics))})
         try:
             _, out_shapes, _ = graph.infer_shape(**shapes)
         except mx.base.MXNetError as error:
-            raise ValueError(f"the metrics {[m.name for m in metrics]} do not fit the outputs and "
-                             f"labels of shapes {shapes}: {clean_mxnet_message(error)}") from None
+            raise ValueError(
+                f"the metrics {[m.name for m in metrics]} do not fit the outputs and "
+                f"labels of shapes {shapes}: {clean_mxnet_message(error)}"
+            ) from None
         for metric, shape in zip(metrics, out_shapes):
             if tuple(shape) != (rows,):
-                raise ValueError(f"metric {metric.name!r} gives per-row sums of shape "
-                                 f"{tuple(shape)}; they must have shape ({rows},)")
+                raise ValueError(
+                    f"metric {metric.name!r} gives per-row sums of shape "
+                    f"{tuple(shape)}; they must have shape ({rows},)"
+                )
 
     # ------------------------------------------------------------- batches
     def update(self) -> None:
@@ -167,8 +183,10 @@ class MetricAccumulator:
 
     def _update_host(self, valid_rows: Sequence[int]) -> None:
         for metric, preds, labels in self._host:
-            metric.update([label[:valid] for label, valid in zip(labels, valid_rows) if valid],
-                          [pred[:valid] for pred, valid in zip(preds, valid_rows) if valid])
+            metric.update(
+                [label[:valid] for label, valid in zip(labels, valid_rows) if valid],
+                [pred[:valid] for pred, valid in zip(preds, valid_rows) if valid],
+            )
 
     def reset(self) -> None:
         """Forget every batch added."""
@@ -187,8 +205,9 @@ class MetricAccumulator:
         run adds the next batches to exactly the same numbers.
         """
         self.manager.synchronize()
-        device_sums = [[array.asnumpy().tolist() for array in sums]
-                       for sums in self._sums[self._parity]]
+        device_sums = [
+            [array.asnumpy().tolist() for array in sums] for sums in self._sums[self._parity]
+        ]
         host = [list(metric.totals()) for metric, _, _ in self._host]
         return {"rows": self.rows, "device_sums": device_sums, "host": host}
 
@@ -233,5 +252,7 @@ class MetricAccumulator:
         totals = self.totals()
         if reduce is not None:
             totals = np.asarray(reduce(totals), dtype=np.float64)
-        return [metric.value(float(total), float(count))
-                for metric, (total, count) in zip(self.metrics, totals)]
+        return [
+            metric.value(float(total), float(count))
+            for metric, (total, count) in zip(self.metrics, totals)
+        ]

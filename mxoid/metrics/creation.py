@@ -1,4 +1,5 @@
 """Turning what users pass as metrics (names, objects, functions) into metrics."""
+
 from __future__ import annotations
 
 from typing import Callable, List, Sequence, Union
@@ -18,13 +19,19 @@ from .naming import snake_case
 
 __all__ = ["Metric", "MetricLike", "create_metrics"]
 
-MetricLike = Union[str, mx.metric.EvalMetric, Callable[[np.ndarray, np.ndarray], float],
-                   "DeviceMetric", "HostMetric"]
+MetricLike = Union[
+    str,
+    mx.metric.EvalMetric,
+    Callable[[np.ndarray, np.ndarray], float],
+    "DeviceMetric",
+    "HostMetric",
+]
 Metric = Union[DeviceMetric, HostMetric]
 UNKNOWN_METRIC = (
     "unknown metric {name!r}: the names computed on the devices are {device}; other names must "
     "be MXNet metrics that mx.metric.create(name) can build. Pass an mx.metric.EvalMetric object "
-    "or a function f(label, pred) -> float for anything else")
+    "or a function f(label, pred) -> float for anything else"
+)
 _ALIASES = {"acc": "accuracy", "ce": "cross_entropy"}
 
 
@@ -40,7 +47,9 @@ def _create_named(name: str) -> List[Metric]:
     try:
         created = mx.metric.create(name)
     except Exception:  # MXNet raises AssertionError, TypeError... for names it cannot build
-        raise ValueError(UNKNOWN_METRIC.format(name=name, device=list(DEVICE_METRIC_NAMES))) from None
+        raise ValueError(
+            UNKNOWN_METRIC.format(name=name, device=list(DEVICE_METRIC_NAMES))
+        ) from None
     return _create_one(created)
 
 
@@ -53,8 +62,10 @@ def _create_one(metric: MetricLike) -> List[Metric]:
         return [HostMetric(child) for child in metric.metrics]
     if isinstance(metric, mx.metric.EvalMetric) or callable(metric):
         return [HostMetric(metric)]
-    raise TypeError(f"a metric is a name such as 'acc', an mx.metric.EvalMetric or a function "
-                    f"f(label, pred) -> float; got {type(metric).__name__} ({metric!r})")
+    raise TypeError(
+        f"a metric is a name such as 'acc', an mx.metric.EvalMetric or a function "
+        f"f(label, pred) -> float; got {type(metric).__name__} ({metric!r})"
+    )
 
 
 def create_metrics(metrics: Union[MetricLike, Sequence[MetricLike]]) -> List[Metric]:

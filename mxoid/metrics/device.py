@@ -1,4 +1,5 @@
 """Metrics computed on the devices: per-row sums built from MXNet operators."""
+
 from __future__ import annotations
 
 import math
@@ -10,12 +11,28 @@ import numpy as np
 
 from .naming import snake_case
 
-__all__ = ["DEVICE_METRICS", "DEVICE_METRIC_NAMES", "TOP_K", "DeviceMetric", "PerRow", "top_k_accuracy"]
+__all__ = [
+    "DEVICE_METRICS",
+    "DEVICE_METRIC_NAMES",
+    "TOP_K",
+    "DeviceMetric",
+    "PerRow",
+    "top_k_accuracy",
+]
 
 Shape = Tuple[int, ...]
 PerRow = Callable[[mx.sym.Symbol, mx.sym.Symbol, Shape, Shape], Tuple[mx.sym.Symbol, int]]
-DEVICE_METRIC_NAMES = ("acc", "accuracy", "top_k_accuracy_<k>", "mse", "mae", "rmse", "ce",
-                       "cross-entropy", "nll_loss")
+DEVICE_METRIC_NAMES = (
+    "acc",
+    "accuracy",
+    "top_k_accuracy_<k>",
+    "mse",
+    "mae",
+    "rmse",
+    "ce",
+    "cross-entropy",
+    "nll_loss",
+)
 """The metric names computed on the devices."""
 
 _EPS = 1e-12  # MXNet's CrossEntropy and NegativeLogLikelihood add it before the log
@@ -31,59 +48,85 @@ def _row_sums(values: mx.sym.Symbol) -> mx.sym.Symbol:
 
 
 def _shape_error(metric: str, pred_shape: Shape, label_shape: Shape, needs: str) -> ValueError:
-    return ValueError(f"metric {metric!r} cannot compare an output of shape {pred_shape} with a "
-                      f"label of shape {label_shape} (per device): it needs {needs}")
+    return ValueError(
+        f"metric {metric!r} cannot compare an output of shape {pred_shape} with a "
+        f"label of shape {label_shape} (per device): it needs {needs}"
+    )
 
 
-def _accuracy(pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape,
-              label_shape: Shape) -> Tuple[mx.sym.Symbol, int]:
+def _accuracy(
+    pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
+) -> Tuple[mx.sym.Symbol, int]:
     if pred_shape != label_shape:
         if len(pred_shape) < 2 or label_shape != pred_shape[:1] + pred_shape[2:]:
-            raise _shape_error("accuracy", pred_shape, label_shape,
-                               "scores with classes on axis 1 and labels without that axis")
+            raise _shape_error(
+                "accuracy",
+                pred_shape,
+                label_shape,
+                "scores with classes on axis 1 and labels without that axis",
+            )
         pred = mx.sym.argmax(pred, axis=1)
-    hits = mx.sym.broadcast_equal(mx.sym.cast(pred, dtype="int32"), mx.sym.cast(label, dtype="int32"))
+    hits = mx.sym.broadcast_equal(
+        mx.sym.cast(pred, dtype="int32"), mx.sym.cast(label, dtype="int32")
+    )
     return _row_sums(hits), _elements(label_shape)
 
 
 def top_k_accuracy(k: int) -> PerRow:
-    def per_row(pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape,
-                label_shape: Shape) -> Tuple[mx.sym.Symbol, int]:
+    def per_row(
+        pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
+    ) -> Tuple[mx.sym.Symbol, int]:
         if len(pred_shape) != 2 or _elements(label_shape) != 1 or pred_shape[1] < k:
-            raise _shape_error(f"top_k_accuracy_{k}", pred_shape, label_shape,
-                               f"scores of shape (rows, classes >= {k}) and one label per row")
+            raise _shape_error(
+                f"top_k_accuracy_{k}",
+                pred_shape,
+                label_shape,
+                f"scores of shape (rows, classes >= {k}) and one label per row",
+            )
         top = mx.sym.topk(pred, axis=1, k=k, ret_typ="indices")
-        hits = mx.sym.broadcast_equal(mx.sym.cast(top, dtype="int32"),
-                                      mx.sym.cast(mx.sym.reshape(label, shape=(-1, 1)), dtype="int32"))
+        hits = mx.sym.broadcast_equal(
+            mx.sym.cast(top, dtype="int32"),
+            mx.sym.cast(mx.sym.reshape(label, shape=(-1, 1)), dtype="int32"),
+        )
         return mx.sym.sum(hits, axis=1), 1
+
     return per_row
 
 
-def _difference(metric: str, pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape,
-                label_shape: Shape) -> mx.sym.Symbol:
+def _difference(
+    metric: str, pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
+) -> mx.sym.Symbol:
     if _elements(pred_shape) != _elements(label_shape):
-        raise _shape_error(metric, pred_shape, label_shape,
-                           "as many values per row in the output as in the label")
+        raise _shape_error(
+            metric, pred_shape, label_shape, "as many values per row in the output as in the label"
+        )
     return mx.sym.reshape(label, shape=(0, -1)) - mx.sym.reshape(pred, shape=(0, -1))
 
 
-def _squared_error(pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape,
-                   label_shape: Shape) -> Tuple[mx.sym.Symbol, int]:
+def _squared_error(
+    pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
+) -> Tuple[mx.sym.Symbol, int]:
     diff = _difference("mse", pred, label, pred_shape, label_shape)
     return mx.sym.sum(mx.sym.square(diff), axis=1), _elements(label_shape)
 
 
-def _absolute_error(pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape,
-                    label_shape: Shape) -> Tuple[mx.sym.Symbol, int]:
+def _absolute_error(
+    pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
+) -> Tuple[mx.sym.Symbol, int]:
     diff = _difference("mae", pred, label, pred_shape, label_shape)
     return mx.sym.sum(mx.sym.abs(diff), axis=1), _elements(label_shape)
 
 
-def _negative_log_likelihood(pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape,
-                             label_shape: Shape) -> Tuple[mx.sym.Symbol, int]:
+def _negative_log_likelihood(
+    pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
+) -> Tuple[mx.sym.Symbol, int]:
     if len(pred_shape) != 2 or _elements(label_shape) != 1:
-        raise _shape_error("cross_entropy", pred_shape, label_shape,
-                           "probabilities of shape (rows, classes) and one class index per row")
+        raise _shape_error(
+            "cross_entropy",
+            pred_shape,
+            label_shape,
+            "probabilities of shape (rows, classes) and one class index per row",
+        )
     prob = mx.sym.pick(pred, mx.sym.reshape(label, shape=(-1,)), axis=1)
     return -mx.sym.log(prob + _EPS), 1
 

@@ -1,4 +1,5 @@
 """Metrics computed on the host: MXNet's EvalMetric objects and plain functions."""
+
 from __future__ import annotations
 
 import math
@@ -28,16 +29,21 @@ class HostMetric:
         the function's name (``'custom'`` for a lambda), in snake_case.
     """
 
-    def __init__(self, metric: Union[mx.metric.EvalMetric, Callable[[np.ndarray, np.ndarray], float]],
-                 name: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        metric: Union[mx.metric.EvalMetric, Callable[[np.ndarray, np.ndarray], float]],
+        name: Optional[str] = None,
+    ) -> None:
         if isinstance(metric, mx.metric.EvalMetric):
             default = metric.name
         elif callable(metric):
             default = getattr(metric, "__name__", "custom")
             default = "custom" if default.startswith("<") else default
         else:
-            raise TypeError(f"a HostMetric wraps an mx.metric.EvalMetric or a function "
-                            f"f(label, pred) -> float, not {type(metric).__name__}")
+            raise TypeError(
+                f"a HostMetric wraps an mx.metric.EvalMetric or a function "
+                f"f(label, pred) -> float, not {type(metric).__name__}"
+            )
         self.metric = metric
         self.name = snake_case(name or default)
         self._total = 0.0
@@ -80,7 +86,10 @@ class HostMetric:
         otherwise; their value is this worker's, whatever the totals.
         """
         metric = self.metric
-        if isinstance(metric, mx.metric.EvalMetric) and type(metric).get is not mx.metric.EvalMetric.get:
+        if (
+            isinstance(metric, mx.metric.EvalMetric)
+            and type(metric).get is not mx.metric.EvalMetric.get
+        ):
             return float(metric.get()[1])
         return total / count if count > 0 else math.nan
 

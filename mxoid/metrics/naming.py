@@ -1,4 +1,5 @@
 """Names of metrics in records, and which label a metric on an output reads."""
+
 from __future__ import annotations
 
 import re
@@ -9,7 +10,8 @@ __all__ = ["label_for_output", "snake_case"]
 NO_LABEL = (
     "no label for output {output!r}: a metric on it reads the label named {wanted!r} (or the "
     "only label, when the symbol has one output), but the data provides {labels}; name the "
-    "iterator's label {wanted!r}, e.g. NDArrayIter(X, {{{wanted!r}: y}})")
+    "iterator's label {wanted!r}, e.g. NDArrayIter(X, {{{wanted!r}: y}})"
+)
 
 
 def snake_case(name: str) -> str:

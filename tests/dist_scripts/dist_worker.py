@@ -6,6 +6,7 @@ model in one process. Each worker writes ``<out>/rank<r>.json`` (its records
 and whether it holds the servers' parameters) and ``<out>/rank<r>.npz``
 (its final parameters).
 """
+
 import argparse
 import json
 import os
@@ -24,10 +25,12 @@ OPTIMIZER_PARAMS = {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}
 
 def network() -> mx.sym.Symbol:
     data = mx.sym.Variable("data")
-    hidden = mx.sym.Activation(mx.sym.FullyConnected(data, num_hidden=16, name="fc1"),
-                               act_type="relu")
-    return mx.sym.SoftmaxOutput(mx.sym.FullyConnected(hidden, num_hidden=3, name="fc2"),
-                                name="softmax")
+    hidden = mx.sym.Activation(
+        mx.sym.FullyConnected(data, num_hidden=16, name="fc1"), act_type="relu"
+    )
+    return mx.sym.SoftmaxOutput(
+        mx.sym.FullyConnected(hidden, num_hidden=3, name="fc2"), name="softmax"
+    )
 
 
 def data(n: int, seed: int):
@@ -127,15 +130,18 @@ def main(argv=None) -> None:
     if args.unequal:
         X, y = shard_arrays([X, y], kv)
         keep = len(X) - (30 if kv.rank == 1 else 0)
-        train = mx.io.NDArrayIter(X[:keep], y[:keep], batch_size=args.batch_size,
-                                  label_name="softmax_label")
+        train = mx.io.NDArrayIter(
+            X[:keep], y[:keep], batch_size=args.batch_size, label_name="softmax_label"
+        )
     else:
         train = shard(X, y, kvstore=kv, batch_size=args.batch_size, label_name="softmax_label")
     valid = shard(*data(60, seed=5), kvstore=kv, batch_size=10, label_name="softmax_label")
-    extensions = [FinishAfter(after_n_epochs=args.epochs),
-                  Evaluate({"valid": valid}, metrics=["acc", "ce"]),
-                  Touch(args.out, name="everyone"),
-                  Touch(args.out, name="rank_zero", rank_zero_only=True)]
+    extensions = [
+        FinishAfter(after_n_epochs=args.epochs),
+        Evaluate({"valid": valid}, metrics=["acc", "ce"]),
+        Touch(args.out, name="everyone"),
+        Touch(args.out, name="rank_zero", rank_zero_only=True),
+    ]
     if args.act:
         extensions.append(Act(args.act, args.act_at, rank=1, out=args.out))
     if args.misbehave:
@@ -149,9 +155,16 @@ def main(argv=None) -> None:
     if args.log:
         extensions.append(JSONLinesLog(args.log))
     contexts = "cpu" if args.bad_argument_on_rank == kv.rank else None
-    loop = MainLoop(network(), train, optimizer="sgd", optimizer_params=dict(OPTIMIZER_PARAMS),
-                    arg_params=initial_params(), kvstore=kv, extensions=extensions,
-                    contexts=contexts)
+    loop = MainLoop(
+        network(),
+        train,
+        optimizer="sgd",
+        optimizer_params=dict(OPTIMIZER_PARAMS),
+        arg_params=initial_params(),
+        kvstore=kv,
+        extensions=extensions,
+        contexts=contexts,
+    )
     loop.run()
 
     params = {name: value.asnumpy() for name, value in loop.get_params()[0].items()}
@@ -165,8 +178,15 @@ def main(argv=None) -> None:
     holds_servers = all(np.array_equal(params[name], on_servers[name]) for name in params)
     records = {str(iteration): dict(row) for iteration, row in loop.log.items()}
     with open(os.path.join(args.out, f"rank{kv.rank}.json"), "w") as out:
-        json.dump({"holds_servers": holds_servers, "records": records,
-                   "status": loop.status.state_dict()}, out, default=float)
+        json.dump(
+            {
+                "holds_servers": holds_servers,
+                "records": records,
+                "status": loop.status.state_dict(),
+            },
+            out,
+            default=float,
+        )
     np.savez(os.path.join(args.out, f"rank{kv.rank}.npz"), **params)
     print(f"rank {kv.rank} done", flush=True)
 

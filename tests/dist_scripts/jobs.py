@@ -3,6 +3,7 @@
 Every process a test starts inherits ``MXOID_TEST_MARKER`` (a fresh value per
 test), so that a scan of ``/proc`` finds any of them still alive afterwards.
 """
+
 import contextlib
 import os
 import signal
@@ -45,8 +46,12 @@ def job_environment(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("MXNET_CPU_WORKER_NTHREADS", "1")
     monkeypatch.setenv("MXNET_SUBGRAPH_VERBOSE", "0")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    monkeypatch.setenv(
+        "PYTHONPATH",
+        os.pathsep.join(
+            [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        ),
+    )
     try:
         yield marker
     finally:
@@ -60,8 +65,10 @@ def job_environment(monkeypatch):
 @contextlib.contextmanager
 def alarm(seconds):
     """Raise TimeoutError in the main thread after ``seconds`` (a last resort bound)."""
+
     def expired(number, frame):
         raise TimeoutError(f"still running after {seconds} s")
+
     previous = signal.signal(signal.SIGALRM, expired)
     signal.alarm(seconds)
     try:
@@ -79,8 +86,10 @@ class Job:
         self.seconds, self.ended = seconds, ended
 
     def __repr__(self):
-        return (f"<Job status={self.status} in {self.seconds:.1f} s>\n--- stdout\n{self.stdout}"
-                f"\n--- stderr\n{self.stderr}")
+        return (
+            f"<Job status={self.status} in {self.seconds:.1f} s>\n--- stdout\n{self.stdout}"
+            f"\n--- stderr\n{self.stderr}"
+        )
 
 
 def run_job(tmp_path, command, workers=2, servers=1, timeout=90, grace=1.0, **options):
@@ -88,8 +97,15 @@ def run_job(tmp_path, command, workers=2, servers=1, timeout=90, grace=1.0, **op
     out_path, err_path = tmp_path / "launch.out", tmp_path / "launch.err"
     start = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err, alarm(int(timeout + 60)):
-        status = launch([str(part) for part in command], workers, servers, timeout=timeout,
-                        grace=grace, stdout=out, stderr=err, **options)
+        status = launch(
+            [str(part) for part in command],
+            workers,
+            servers,
+            timeout=timeout,
+            grace=grace,
+            stdout=out,
+            stderr=err,
+            **options,
+        )
     ended = time.time()
-    return Job(status, out_path.read_text(), err_path.read_text(), time.monotonic() - start,
-               ended)
+    return Job(status, out_path.read_text(), err_path.read_text(), time.monotonic() - start, ended)

@@ -1,5 +1,6 @@
 """The Extension API: firing conditions beside overridden hooks, predicates on the log,
 OnLogRecord, attach."""
+
 import pytest
 
 from mxoid import Extension, FinishAfter, OnLogRecord, TrackBest
@@ -38,8 +39,12 @@ class CallsSuper(OverridesAfterEpoch):
 def test_an_override_that_calls_super_fires_the_conditions_where_it_calls_it():
     extension = CallsSuper(after_epoch=True)
     small_loop([extension, FinishAfter(after_n_epochs=2)]).run()
-    assert extension.fired == [("before super", 1), ("after_epoch", 4),
-                               ("before super", 2), ("after_epoch", 8)]
+    assert extension.fired == [
+        ("before super", 1),
+        ("after_epoch", 4),
+        ("before super", 2),
+        ("after_epoch", 8),
+    ]
 
 
 class Recorder(Extension):
@@ -66,23 +71,39 @@ def test_checkpoint_the_best_model_is_track_best_plus_a_condition():
     scores = [0.5, 0.9, 0.7, 0.95, 0.2]
     keeper = Recorder(priority=20)
     keeper.add_condition("after_epoch", OnLogRecord("score_new_best"))
-    small_loop([Script("score", scores), TrackBest("score", mode="max"), keeper,
-                FinishAfter(after_n_epochs=5)]).run()
+    small_loop(
+        [
+            Script("score", scores),
+            TrackBest("score", mode="max"),
+            keeper,
+            FinishAfter(after_n_epochs=5),
+        ]
+    ).run()
     assert keeper.fired == [("after_epoch", 4), ("after_epoch", 8), ("after_epoch", 16)]
 
 
 def test_predicates_receive_the_log_and_status_style_predicates_still_work():
     seen = []
     recorder = Recorder()
-    recorder.add_condition("after_batch", lambda log: seen.append(type(log).__name__) or
-                           log.iterations_done == 3 and log.status["epochs_done"] == 0)
+    recorder.add_condition(
+        "after_batch",
+        lambda log: (
+            seen.append(type(log).__name__)
+            or log.iterations_done == 3
+            and log.status["epochs_done"] == 0
+        ),
+    )
     small_loop([recorder, FinishAfter(after_n_epochs=1)]).run()
     assert recorder.fired == [("after_batch", 3)] and set(seen) == {"TrainingLog"}
 
 
 def test_one_table_of_firing_keywords():
-    assert set(FIRING_KEYWORDS) == set(HOOKS) | {"every_n_batches", "every_n_epochs",
-                                                 "after_n_batches", "after_n_epochs"}
+    assert set(FIRING_KEYWORDS) == set(HOOKS) | {
+        "every_n_batches",
+        "every_n_epochs",
+        "after_n_batches",
+        "after_n_epochs",
+    }
     with pytest.raises(ValueError, match="unknown hook"):
         Extension().add_condition("after_everything")
 

@@ -1,4 +1,5 @@
 """JSONLinesLog and CSVLog: files that read back as loop.log, across runs and crashes."""
+
 import csv
 import json
 import math
@@ -17,8 +18,10 @@ from scripted import Script, small_loop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-WRITERS = [pytest.param(JSONLinesLog, "log.jsonl", id="jsonl"),
-           pytest.param(CSVLog, "log.csv", id="csv")]
+WRITERS = [
+    pytest.param(JSONLinesLog, "log.jsonl", id="jsonl"),
+    pytest.param(CSVLog, "log.csv", id="csv"),
+]
 
 
 class Records(Extension):
@@ -36,7 +39,7 @@ class Records(Extension):
         row["on_device"] = mx.nd.array([i * 0.25])
         if i % 3 == 0:
             row["count"] = i
-            row["note"] = f"batch {i}, \"quoted\""
+            row["note"] = f'batch {i}, "quoted"'
         if i == 5:
             row["diverged"] = float("nan")
             row["overflow"] = [1.5, -math.inf]
@@ -45,9 +48,14 @@ class Records(Extension):
 
 def expected_rows(loop):
     """loop.log as a log file holds it: plain values, epochs_done as each row ended."""
-    return [{"iteration": i, "epochs_done": min(i // 4, loop.status.epochs_done),
-             **{name: plain_value(value) for name, value in row.items()}}
-            for i, row in loop.log.items()]
+    return [
+        {
+            "iteration": i,
+            "epochs_done": min(i // 4, loop.status.epochs_done),
+            **{name: plain_value(value) for name, value in row.items()},
+        }
+        for i, row in loop.log.items()
+    ]
 
 
 def comparable(rows):
@@ -58,8 +66,9 @@ def comparable(rows):
 @pytest.mark.parametrize("writer, filename", WRITERS)
 def test_the_file_reads_back_as_the_log(tmp_path, writer, filename):
     path = tmp_path / filename
-    loop = small_loop([Records(), Script("valid_loss", [None, 0.5]), writer(path),
-                       FinishAfter(after_n_epochs=2)]).run()
+    loop = small_loop(
+        [Records(), Script("valid_loss", [None, 0.5]), writer(path), FinishAfter(after_n_epochs=2)]
+    ).run()
     rows = read_log(path)
     expected = expected_rows(loop)
     assert expected[3]["iteration"] == 4 and expected[3]["valid_loss"] is None
@@ -96,12 +105,13 @@ def test_a_csv_whose_columns_appear_over_time_keeps_one_header(tmp_path):
 def test_a_second_run_is_appended_as_a_new_run(tmp_path, writer, filename):
     path = tmp_path / filename
     first = small_loop([Records(), writer(path), FinishAfter(after_n_epochs=1)]).run()
-    second = small_loop([Records(), Script("extra", [7.5]), writer(path),
-                         FinishAfter(after_n_epochs=1)]).run()
+    second = small_loop(
+        [Records(), Script("extra", [7.5]), writer(path), FinishAfter(after_n_epochs=1)]
+    ).run()
     assert comparable(read_log(path)) == comparable(expected_rows(second))
     every = read_log(path, all_runs=True)
     assert [row["run"] for row in every] == [1] * len(first.log) + [2] * len(second.log)
-    first_rows = [{k: v for k, v in row.items() if k != "run"} for row in every[:len(first.log)]]
+    first_rows = [{k: v for k, v in row.items() if k != "run"} for row in every[: len(first.log)]]
     assert comparable(first_rows) == comparable(expected_rows(first))
     assert "extra" not in every[3] and every[-1]["extra"] == 7.5
     if writer is JSONLinesLog:
@@ -136,10 +146,21 @@ small_loop([Records(), JSONLinesLog({jsonl!r}), CSVLog({csv!r}), Kill(priority=5
 def test_a_killed_run_leaves_every_completed_row_readable(tmp_path):
     paths = {JSONLinesLog: str(tmp_path / "log.jsonl"), CSVLog: str(tmp_path / "log.csv")}
     expected = str(tmp_path / "expected.json")
-    script = KILLED_RUN.format(here=HERE, tests=os.path.dirname(HERE), root=ROOT,
-                               jsonl=paths[JSONLinesLog], csv=paths[CSVLog], expected=expected)
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    script = KILLED_RUN.format(
+        here=HERE,
+        tests=os.path.dirname(HERE),
+        root=ROOT,
+        jsonl=paths[JSONLinesLog],
+        csv=paths[CSVLog],
+        expected=expected,
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert result.returncode == 3, result.stderr
     with open(expected) as f:
         rows = json.load(f)
@@ -152,8 +173,9 @@ def test_a_killed_run_leaves_every_completed_row_readable(tmp_path):
         assert comparable(read_log(path)) == comparable(rows)
         small_loop([writer(path), FinishAfter(after_n_batches=1)]).run()
         every = read_log(path, all_runs=True)
-        assert [(row["run"], row["iteration"]) for row in every] == \
-            [(1, i) for i in range(1, 7)] + [(2, 1)]
+        assert [(row["run"], row["iteration"]) for row in every] == [
+            (1, i) for i in range(1, 7)
+        ] + [(2, 1)]
 
 
 def test_rows_up_to_an_error_are_written(tmp_path):
@@ -175,23 +197,31 @@ def test_fsync_forces_each_row_to_disk(tmp_path, monkeypatch):
     synced = []
     real = os.fsync
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(fd) or real(fd))
-    small_loop([Records(), JSONLinesLog(tmp_path / "log.jsonl", fsync=True),
-                FinishAfter(after_n_epochs=1)]).run()
+    small_loop(
+        [Records(), JSONLinesLog(tmp_path / "log.jsonl", fsync=True), FinishAfter(after_n_epochs=1)]
+    ).run()
     assert len(synced) >= 1 + 4  # the run header and each of the four rows
 
 
 def test_a_reserved_record_name_is_refused(tmp_path):
-    loop = small_loop([Script("run", [1.0]), JSONLinesLog(tmp_path / "log.jsonl"),
-                       FinishAfter(after_n_epochs=1)])
+    loop = small_loop(
+        [Script("run", [1.0]), JSONLinesLog(tmp_path / "log.jsonl"), FinishAfter(after_n_epochs=1)]
+    )
     with pytest.raises(ValueError, match="'run' is reserved"):
         loop.run()
 
 
-@pytest.mark.parametrize("content, message", [
-    (None, "no such log file"), ("", "empty"), ("hello\n", "not a log file"),
-    ('{"iteration": 1}\n', "not a log file"), ("a,b\n1,2\n", "not a log file"),
-    ('{"run": 1}\nnot json\n{"iteration": 2}\n', "line 2: not JSON"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "no such log file"),
+        ("", "empty"),
+        ("hello\n", "not a log file"),
+        ('{"iteration": 1}\n', "not a log file"),
+        ("a,b\n1,2\n", "not a log file"),
+        ('{"run": 1}\nnot json\n{"iteration": 2}\n', "line 2: not JSON"),
+    ],
+)
 def test_reading_a_file_that_is_not_a_log_says_so(tmp_path, content, message):
     path = tmp_path / "some.log"
     if content is not None:

@@ -1,4 +1,5 @@
 """Evaluate and TrainingMonitoring against NumPy and MXNet's own metrics."""
+
 import logging
 
 import mxnet as mx
@@ -19,8 +20,12 @@ def regression_target(X):
 
 
 _X, _Y = classification_data(n=300, seed=0)
-SPLITS = {"train": slice(0, 100), "valid": slice(100, 184), "test": slice(184, 244),
-          "other": slice(244, 300)}
+SPLITS = {
+    "train": slice(0, 100),
+    "valid": slice(100, 184),
+    "test": slice(184, 244),
+    "other": slice(244, 300),
+}
 
 
 def dataset(split, n=None):
@@ -30,8 +35,9 @@ def dataset(split, n=None):
 
 
 def iterator(X, y, batch_size, **kwargs):
-    return mx.io.NDArrayIter(X, {"softmax_label": y, "reg_label": regression_target(X)},
-                             batch_size=batch_size, **kwargs)
+    return mx.io.NDArrayIter(
+        X, {"softmax_label": y, "reg_label": regression_target(X)}, batch_size=batch_size, **kwargs
+    )
 
 
 def numpy_forward(params, X):
@@ -47,15 +53,22 @@ def numpy_forward(params, X):
 def numpy_metrics(params, X, y):
     prob, reg = numpy_forward(params, X)
     error = regression_target(X) - reg
-    return {"softmax_accuracy": np.mean(prob.argmax(axis=1) == y),
-            "softmax_cross_entropy": np.mean(-np.log(prob[np.arange(len(y)), y.astype(int)] + 1e-12)),
-            "reg_mse": np.mean(error ** 2), "reg_mae": np.mean(np.abs(error))}
+    return {
+        "softmax_accuracy": np.mean(prob.argmax(axis=1) == y),
+        "softmax_cross_entropy": np.mean(-np.log(prob[np.arange(len(y)), y.astype(int)] + 1e-12)),
+        "reg_mse": np.mean(error**2),
+        "reg_mae": np.mean(np.abs(error)),
+    }
 
 
 def module_accuracy(params, it):
     """Module.score's accuracy on the softmax output of two_heads."""
-    module = mx.mod.Module(two_heads(), label_names=["softmax_label", "reg_label"],
-                           context=mx.cpu(), logger=logging.getLogger("quiet"))
+    module = mx.mod.Module(
+        two_heads(),
+        label_names=["softmax_label", "reg_label"],
+        context=mx.cpu(),
+        logger=logging.getLogger("quiet"),
+    )
     module.bind(it.provide_data, it.provide_label, for_training=False)
     module.set_params(params, {})
     metric = mx.metric.Accuracy(output_names=["softmax_output"], label_names=["softmax_label"])
@@ -67,8 +80,14 @@ def two_head_loop(extensions, train=None):
     if train is None:
         train = iterator(*dataset("train"), 20)
     net = two_heads()
-    return MainLoop(net, train, contexts=TWO_CPUS, optimizer_params=dict(LEARNING),
-                    arg_params=initial_params(net, (20, 10)), extensions=extensions)
+    return MainLoop(
+        net,
+        train,
+        contexts=TWO_CPUS,
+        optimizer_params=dict(LEARNING),
+        arg_params=initial_params(net, (20, 10)),
+        extensions=extensions,
+    )
 
 
 class Check(Extension):
@@ -88,9 +107,10 @@ def test_evaluate_two_outputs_on_two_iterators_equals_numpy_every_epoch():
     # test: 60 rows by 30, no padding, so Module.score is exact there.
     Xv, yv = dataset("valid")
     Xt, yt = dataset("test")
-    evaluate = Evaluate({"valid": iterator(Xv, yv, 16, last_batch_handle="pad"),
-                         "test": iterator(Xt, yt, 30)},
-                        metrics={"softmax": ["acc", "ce"], "reg_output": ["mse", "mae"]})
+    evaluate = Evaluate(
+        {"valid": iterator(Xv, yv, 16, last_batch_handle="pad"), "test": iterator(Xt, yt, 30)},
+        metrics={"softmax": ["acc", "ce"], "reg_output": ["mse", "mae"]},
+    )
     seen = []
 
     def check(loop):
@@ -107,7 +127,11 @@ def test_evaluate_two_outputs_on_two_iterators_equals_numpy_every_epoch():
     loop.run()
     assert len(seen) == 3
     assert sorted(k for k in seen[0] if k.startswith("valid")) == [
-        "valid_reg_mae", "valid_reg_mse", "valid_softmax_accuracy", "valid_softmax_cross_entropy"]
+        "valid_reg_mae",
+        "valid_reg_mse",
+        "valid_softmax_accuracy",
+        "valid_softmax_cross_entropy",
+    ]
     # Training changed the weights, and each evaluation used the new ones.
     assert len({row["valid_reg_mse"] for row in seen}) == 3
     assert seen[-1]["valid_reg_mse"] < seen[0]["valid_reg_mse"]
@@ -117,17 +141,20 @@ def test_padding_rows_do_not_count():
     # The padded last batch repeats the first rows; counting them would change the means.
     X, y = dataset("valid")
     loop = two_head_loop([FinishAfter(after_n_epochs=1)])
-    evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")},
-                        {"softmax": "ce", "reg": "mse"})
+    evaluate = Evaluate(
+        {"valid": iterator(X, y, 16, last_batch_handle="pad")}, {"softmax": "ce", "reg": "mse"}
+    )
     evaluate.attach(loop)
     records = evaluate.evaluate()
     expected = numpy_metrics(loop.get_params()[0], X, y)
-    padded = numpy_metrics(loop.get_params()[0], np.concatenate([X, X[:12]]),
-                           np.concatenate([y, y[:12]]))
+    padded = numpy_metrics(
+        loop.get_params()[0], np.concatenate([X, X[:12]]), np.concatenate([y, y[:12]])
+    )
     assert records["valid_reg_mse"] == pytest.approx(expected["reg_mse"], rel=1e-5)
     assert records["valid_reg_mse"] != pytest.approx(padded["reg_mse"], rel=1e-3)
     assert records["valid_softmax_cross_entropy"] == pytest.approx(
-        expected["softmax_cross_entropy"], rel=1e-5)
+        expected["softmax_cross_entropy"], rel=1e-5
+    )
 
 
 def test_evaluate_changes_neither_parameters_nor_training():
@@ -137,9 +164,17 @@ def test_evaluate_changes_neither_parameters_nor_training():
         if with_evaluate:
             Xv, yv = dataset("other", 50)
             # 'same' has the training batch size, so it runs on the training executors.
-            extensions.insert(0, Evaluate({"same": iterator(Xv, yv, 20, last_batch_handle="pad"),
-                                           "other": iterator(Xv, yv, 15, last_batch_handle="pad")},
-                                          {"softmax": "acc", "reg": "mse"}, every_n_batches=2))
+            extensions.insert(
+                0,
+                Evaluate(
+                    {
+                        "same": iterator(Xv, yv, 20, last_batch_handle="pad"),
+                        "other": iterator(Xv, yv, 15, last_batch_handle="pad"),
+                    },
+                    {"softmax": "acc", "reg": "mse"},
+                    every_n_batches=2,
+                ),
+            )
         loop = two_head_loop(extensions, train=iterator(X, y, 20))
         loop.run()
         return {k: v.asnumpy() for k, v in loop.get_params()[0].items()}
@@ -148,8 +183,7 @@ def test_evaluate_changes_neither_parameters_nor_training():
     # Not bit-exact: MKLDNN kernels may round the last bit differently from one run to the
     # next in a process. One changed update or skipped batch moves weights by far more.
     for name in plain:
-        np.testing.assert_allclose(plain[name], evaluated[name], rtol=1e-6, atol=1e-7,
-                                   err_msg=name)
+        np.testing.assert_allclose(plain[name], evaluated[name], rtol=1e-6, atol=1e-7, err_msg=name)
 
 
 def test_evaluate_accepts_eval_metric_objects_and_functions():
@@ -159,16 +193,18 @@ def test_evaluate_accepts_eval_metric_objects_and_functions():
         return float(np.mean(np.abs(label - pred.ravel())))
 
     user_accuracy = mx.metric.Accuracy()
-    evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")},
-                        {"softmax": [user_accuracy, mx.metric.CrossEntropy()],
-                         "reg": mean_absolute_error})
+    evaluate = Evaluate(
+        {"valid": iterator(X, y, 16, last_batch_handle="pad")},
+        {"softmax": [user_accuracy, mx.metric.CrossEntropy()], "reg": mean_absolute_error},
+    )
     loop = two_head_loop([evaluate, FinishAfter(after_n_epochs=1)])
     loop.run()
     expected = numpy_metrics(loop.get_params()[0], X, y)
     row = loop.log[loop.status.iterations_done]
     assert row["valid_softmax_accuracy"] == pytest.approx(expected["softmax_accuracy"], abs=1e-12)
-    assert row["valid_softmax_cross_entropy"] == pytest.approx(expected["softmax_cross_entropy"],
-                                                               rel=1e-5)
+    assert row["valid_softmax_cross_entropy"] == pytest.approx(
+        expected["softmax_cross_entropy"], rel=1e-5
+    )
     assert row["valid_reg_mean_absolute_error"] == pytest.approx(expected["reg_mae"], rel=1e-5)
     assert user_accuracy.num_inst == 0  # the user's object is copied, not updated
 
@@ -177,34 +213,44 @@ def test_other_device_metrics_equal_numpy_and_mxnet():
     X, y = dataset("valid")
     loop = two_head_loop([FinishAfter(after_n_epochs=1)])
     loop.run()
-    evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")},
-                        {"softmax": ["top_k_accuracy_2", "nll_loss"], "reg": "rmse"})
+    evaluate = Evaluate(
+        {"valid": iterator(X, y, 16, last_batch_handle="pad")},
+        {"softmax": ["top_k_accuracy_2", "nll_loss"], "reg": "rmse"},
+    )
     evaluate.attach(loop)
     records = evaluate.evaluate()
     params = loop.get_params()[0]
     prob, reg = numpy_forward(params, X)
     top2 = np.argsort(-prob, axis=1)[:, :2]
     assert records["valid_softmax_top_k_accuracy_2"] == pytest.approx(
-        np.mean((top2 == y[:, None]).any(axis=1)), abs=1e-12)
+        np.mean((top2 == y[:, None]).any(axis=1)), abs=1e-12
+    )
     mxnet_top2 = mx.metric.TopKAccuracy(top_k=2)
     mxnet_top2.update([mx.nd.array(y)], [mx.nd.array(prob)])
-    assert records["valid_softmax_top_k_accuracy_2"] == pytest.approx(mxnet_top2.get()[1], abs=1e-12)
+    assert records["valid_softmax_top_k_accuracy_2"] == pytest.approx(
+        mxnet_top2.get()[1], abs=1e-12
+    )
     assert records["valid_softmax_nll_loss"] == pytest.approx(
-        np.mean(-np.log(prob[np.arange(len(y)), y.astype(int)] + 1e-12)), rel=1e-5)
+        np.mean(-np.log(prob[np.arange(len(y)), y.astype(int)] + 1e-12)), rel=1e-5
+    )
     assert records["valid_reg_rmse"] == pytest.approx(
-        np.sqrt(np.mean((regression_target(X) - reg) ** 2)), rel=1e-5)
+        np.sqrt(np.mean((regression_target(X) - reg) ** 2)), rel=1e-5
+    )
 
 
 def test_a_user_device_metric_is_computed_on_the_devices():
     def squared_log_error(pred, label, pred_shape, label_shape):
-        diff = mx.sym.log1p(mx.sym.abs(pred)) - mx.sym.log1p(mx.sym.abs(
-            mx.sym.reshape(label, shape=pred_shape)))
+        diff = mx.sym.log1p(mx.sym.abs(pred)) - mx.sym.log1p(
+            mx.sym.abs(mx.sym.reshape(label, shape=pred_shape))
+        )
         return mx.sym.sum(mx.sym.square(diff), axis=1), pred_shape[1]
 
     X, y = dataset("valid")
     loop = two_head_loop([FinishAfter(after_n_epochs=1)])
-    evaluate = Evaluate({"valid": iterator(X, y, 16, last_batch_handle="pad")},
-                        {"reg": DeviceMetric("msle", squared_log_error)})
+    evaluate = Evaluate(
+        {"valid": iterator(X, y, 16, last_batch_handle="pad")},
+        {"reg": DeviceMetric("msle", squared_log_error)},
+    )
     evaluate.attach(loop)
     _, reg = numpy_forward(loop.get_params()[0], X)
     expected = np.mean((np.log1p(np.abs(reg)) - np.log1p(np.abs(regression_target(X)))) ** 2)
@@ -214,8 +260,10 @@ def test_a_user_device_metric_is_computed_on_the_devices():
 def test_evaluate_fires_every_epoch_unless_told_otherwise():
     X, y = dataset("train")
     Xv, yv = dataset("test", 30)
-    every, second = (Evaluate({name: iterator(Xv, yv, 10)}, {"softmax": "acc"}, **kwargs)
-                     for name, kwargs in (("every", {}), ("second", {"every_n_epochs": 2})))
+    every, second = (
+        Evaluate({name: iterator(Xv, yv, 10)}, {"softmax": "acc"}, **kwargs)
+        for name, kwargs in (("every", {}), ("second", {"every_n_epochs": 2}))
+    )
     loop = two_head_loop([every, second, FinishAfter(after_n_epochs=4)], train=iterator(X, y, 20))
     loop.run()
     assert [i for i, row in loop.log.items() if "every_softmax_accuracy" in row] == [5, 10, 15, 20]
@@ -247,14 +295,19 @@ class CountHostSyncs:
 
     def __init__(self, monkeypatch):
         self.calls = 0
-        for owner, name in ((mx.nd.NDArray, "asnumpy"), (mx.nd.NDArray, "asscalar"),
-                            (mx.nd.NDArray, "wait_to_read"), (mx.nd, "waitall")):
+        for owner, name in (
+            (mx.nd.NDArray, "asnumpy"),
+            (mx.nd.NDArray, "asscalar"),
+            (mx.nd.NDArray, "wait_to_read"),
+            (mx.nd, "waitall"),
+        ):
             monkeypatch.setattr(owner, name, self._counting(getattr(owner, name)))
 
     def _counting(self, original):
         def counted(*args, **kwargs):
             self.calls += 1
             return original(*args, **kwargs)
+
         return counted
 
 
@@ -280,7 +333,9 @@ def test_training_monitoring_does_not_sync_per_batch(monkeypatch):
     monitoring = TrainingMonitoring({"softmax": ["acc", "ce"], "reg": ["mse", "mae"]})
     counter = CountHostSyncs(monkeypatch)
     probe = SyncProbe(counter)
-    loop = two_head_loop([monitoring, probe, FinishAfter(after_n_epochs=2)], train=iterator(X, y, 20))
+    loop = two_head_loop(
+        [monitoring, probe, FinishAfter(after_n_epochs=2)], train=iterator(X, y, 20)
+    )
     loop.run()
     epochs = []
     for hook, count in probe.notes:
@@ -311,10 +366,15 @@ class OutputRecorder(Extension):
         def real(arrays):
             return np.concatenate([a[:v].asnumpy() for a, v in zip(arrays, valid) if v])
 
-        self.batches.append({"iteration": self.main_loop.status.iterations_done,
-                             "prob": real(manager.outputs["softmax"]), "reg": real(manager.outputs["reg"]),
-                             "y": real(manager.labels["softmax_label"]),
-                             "t": real(manager.labels["reg_label"])})
+        self.batches.append(
+            {
+                "iteration": self.main_loop.status.iterations_done,
+                "prob": real(manager.outputs["softmax"]),
+                "reg": real(manager.outputs["reg"]),
+                "y": real(manager.labels["softmax_label"]),
+                "t": real(manager.labels["reg_label"]),
+            }
+        )
 
 
 @pytest.mark.parametrize("n", [100, 90])
@@ -322,8 +382,9 @@ def test_training_monitoring_equals_mxnet_accuracy_and_per_sample_means(n):
     X, y = dataset("train", n)  # 5 batches of 20; with n=90 the last is padded
     monitoring = TrainingMonitoring({"softmax": ["acc", "ce"], "reg": "mse"}, every_n_batches=3)
     recorder = OutputRecorder()
-    loop = two_head_loop([monitoring, recorder, FinishAfter(after_n_epochs=2)],
-                         train=iterator(X, y, 20))
+    loop = two_head_loop(
+        [monitoring, recorder, FinishAfter(after_n_epochs=2)], train=iterator(X, y, 20)
+    )
     loop.run()
     # Writes at batches 3, 6, 9 (every 3) and 5, 10 (epoch ends), each over the batches since
     # the previous write.
@@ -343,9 +404,11 @@ def test_training_monitoring_equals_mxnet_accuracy_and_per_sample_means(n):
         if n == 100:
             assert row["train_softmax_accuracy"] == accuracy.get()[1]
         assert row["train_softmax_accuracy"] == pytest.approx(
-            np.mean(prob.argmax(axis=1) == labels), abs=1e-12)
+            np.mean(prob.argmax(axis=1) == labels), abs=1e-12
+        )
         assert row["train_softmax_cross_entropy"] == pytest.approx(
-            np.mean(-np.log(prob[np.arange(len(labels)), labels] + 1e-12)), rel=1e-5)
+            np.mean(-np.log(prob[np.arange(len(labels)), labels] + 1e-12)), rel=1e-5
+        )
         assert row["train_reg_mse"] == pytest.approx(np.mean((target - reg) ** 2), rel=1e-5)
         start = end
 
@@ -365,14 +428,26 @@ def test_one_output_names_and_order_within_after_epoch():
         assert row["valid_accuracy"] == pytest.approx(np.mean(scores.argmax(axis=1) == yv))
 
     net = mlp()
-    loop = MainLoop(net, mx.io.NDArrayIter(X, y, batch_size=25, label_name="softmax_label"),
-                    contexts=TWO_CPUS, optimizer_params=dict(LEARNING), extensions=[
-                        Evaluate({"valid": mx.io.NDArrayIter(Xv, yv, batch_size=8,
-                                                             label_name="softmax_label")}, "acc"),
-                        TrainingMonitoring(["acc"]), Check(check), FinishAfter(after_n_epochs=2)])
+    loop = MainLoop(
+        net,
+        mx.io.NDArrayIter(X, y, batch_size=25, label_name="softmax_label"),
+        contexts=TWO_CPUS,
+        optimizer_params=dict(LEARNING),
+        extensions=[
+            Evaluate(
+                {"valid": mx.io.NDArrayIter(Xv, yv, batch_size=8, label_name="softmax_label")},
+                "acc",
+            ),
+            TrainingMonitoring(["acc"]),
+            Check(check),
+            FinishAfter(after_n_epochs=2),
+        ],
+    )
     loop.run()
-    assert seen == [(loop.log[4]["valid_accuracy"], loop.log[4]["train_accuracy"]),
-                    (loop.log[8]["valid_accuracy"], loop.log[8]["train_accuracy"])]
+    assert seen == [
+        (loop.log[4]["valid_accuracy"], loop.log[4]["train_accuracy"]),
+        (loop.log[8]["valid_accuracy"], loop.log[8]["train_accuracy"]),
+    ]
 
 
 # -------------------------------------------------------------------- errors
@@ -386,8 +461,12 @@ def test_unknown_metric_name_fails_at_construction():
 def test_unknown_output_is_named_with_the_outputs():
     X, y = dataset("test", 40)
     with pytest.raises(ValueError, match=r"no output named 'softmx'.*\['softmax', 'reg'\]"):
-        two_head_loop([Evaluate({"valid": iterator(X, y, 20)}, {"softmx": "acc"}),
-                       FinishAfter(after_n_epochs=1)])
+        two_head_loop(
+            [
+                Evaluate({"valid": iterator(X, y, 20)}, {"softmx": "acc"}),
+                FinishAfter(after_n_epochs=1),
+            ]
+        )
 
 
 def test_metrics_without_output_names_need_a_single_output():
@@ -397,30 +476,57 @@ def test_metrics_without_output_names_need_a_single_output():
 
 def test_missing_label_is_reported_with_its_expected_name():
     X, y = dataset("test", 40)
-    only_class = mx.io.NDArrayIter(X, {"softmax_label": y, "regression": regression_target(X)},
-                                   batch_size=20)
+    only_class = mx.io.NDArrayIter(
+        X, {"softmax_label": y, "regression": regression_target(X)}, batch_size=20
+    )
     with pytest.raises(ValueError, match="iterator 'valid'.*'reg_label'"):
-        two_head_loop([Evaluate({"valid": only_class}, {"reg": "mse"}),
-                       FinishAfter(after_n_epochs=1)])
+        two_head_loop(
+            [Evaluate({"valid": only_class}, {"reg": "mse"}), FinishAfter(after_n_epochs=1)]
+        )
 
 
 def test_shapes_a_metric_cannot_compare_are_refused():
-    with pytest.raises(ValueError, match="metric 'mse' cannot compare an output of shape "
-                                         r"\(10, 3\) with a label of shape \(10,\)"):
+    with pytest.raises(
+        ValueError,
+        match="metric 'mse' cannot compare an output of shape "
+        r"\(10, 3\) with a label of shape \(10,\)",
+    ):
         two_head_loop([TrainingMonitoring({"softmax": "mse"}), FinishAfter(after_n_epochs=1)])
 
 
 def test_a_metric_given_twice_for_an_output_is_refused():
     with pytest.raises(ValueError, match="train_softmax_accuracy"):
-        two_head_loop([TrainingMonitoring({"softmax": ["acc", "accuracy"]}),
-                       FinishAfter(after_n_epochs=1)])
+        two_head_loop(
+            [TrainingMonitoring({"softmax": ["acc", "accuracy"]}), FinishAfter(after_n_epochs=1)]
+        )
 
 
 def test_metric_names_follow_mxnet_in_snake_case():
-    names = [m.name for m in create_metrics(["acc", "ce", "cross-entropy", "nll_loss", "rmse",
-                                             "top_k_accuracy_3", "f1", mx.metric.MAE()])]
-    assert names == ["accuracy", "cross_entropy", "cross_entropy", "nll_loss", "rmse",
-                     "top_k_accuracy_3", "f1", "mae"]
+    names = [
+        m.name
+        for m in create_metrics(
+            [
+                "acc",
+                "ce",
+                "cross-entropy",
+                "nll_loss",
+                "rmse",
+                "top_k_accuracy_3",
+                "f1",
+                mx.metric.MAE(),
+            ]
+        )
+    ]
+    assert names == [
+        "accuracy",
+        "cross_entropy",
+        "cross_entropy",
+        "nll_loss",
+        "rmse",
+        "top_k_accuracy_3",
+        "f1",
+        "mae",
+    ]
     kinds = [type(m) for m in create_metrics(["acc", "f1", mx.metric.MAE(), len])]
     assert kinds == [DeviceMetric, HostMetric, HostMetric, HostMetric]
 

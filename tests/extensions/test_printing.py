@@ -1,4 +1,5 @@
 """Printing and ProgressBar: what they show, and when they stay quiet."""
+
 import io
 
 import mxnet as mx
@@ -12,8 +13,9 @@ from scripted import Script, small_loop
 
 
 def test_printing_reports_status_and_records_after_each_epoch_and_at_the_end(capsys):
-    loop = small_loop([Printing(), Script("valid_loss", [0.5, np.float32(0.25)]),
-                       FinishAfter(after_n_epochs=2)]).run()
+    loop = small_loop(
+        [Printing(), Script("valid_loss", [0.5, np.float32(0.25)]), FinishAfter(after_n_epochs=2)]
+    ).run()
     out = capsys.readouterr().out
     assert out.count("AFTER ANOTHER EPOCH") == 2 and out.count("TRAINING HAS BEEN FINISHED") == 1
     epochs = out.split("AFTER ANOTHER EPOCH")
@@ -25,8 +27,9 @@ def test_printing_reports_status_and_records_after_each_epoch_and_at_the_end(cap
 
 
 def test_printing_every_n_batches(capsys):
-    small_loop([Printing(every_n_batches=2, after_training=False),
-                FinishAfter(after_n_epochs=1)]).run()
+    small_loop(
+        [Printing(every_n_batches=2, after_training=False), FinishAfter(after_n_epochs=1)]
+    ).run()
     out = capsys.readouterr().out
     assert out.count("AFTER ANOTHER BATCH") == 2 and out.count("AFTER ANOTHER EPOCH") == 1
     assert "TRAINING HAS BEEN FINISHED" not in out
@@ -34,8 +37,13 @@ def test_printing_every_n_batches(capsys):
 
 def test_progress_bar_shows_batches_and_newest_records_when_forced():
     screen = io.StringIO()
-    loop = small_loop([ProgressBar(disable=False, file=screen), Script("valid_loss", [0.5, 0.125]),
-                       FinishAfter(after_n_epochs=2)]).run()
+    loop = small_loop(
+        [
+            ProgressBar(disable=False, file=screen),
+            Script("valid_loss", [0.5, 0.125]),
+            FinishAfter(after_n_epochs=2),
+        ]
+    ).run()
     text = screen.getvalue()
     assert "epoch 1" in text and "epoch 2" in text
     assert "4/4" in text  # the length is known from the iterator before the first epoch ends
@@ -46,15 +54,17 @@ def test_progress_bar_shows_batches_and_newest_records_when_forced():
 
 def test_progress_bar_closes_when_training_stops_mid_epoch():
     screen = io.StringIO()
-    loop = small_loop([ProgressBar(disable=False, file=screen),
-                       FinishAfter(after_n_batches=6)]).run()
+    loop = small_loop(
+        [ProgressBar(disable=False, file=screen), FinishAfter(after_n_batches=6)]
+    ).run()
     assert loop.extensions[0].bar is None
     assert "epoch 2" in screen.getvalue() and "2/4" in screen.getvalue()
 
 
 @pytest.mark.parametrize("disable, file_is_terminal", [(None, False), (True, True)])
-def test_progress_bar_stays_quiet_off_a_terminal_or_when_disabled(capsys, disable,
-                                                                  file_is_terminal):
+def test_progress_bar_stays_quiet_off_a_terminal_or_when_disabled(
+    capsys, disable, file_is_terminal
+):
     class Terminal(io.StringIO):
         def isatty(self):
             return file_is_terminal
@@ -95,9 +105,12 @@ def test_printing_reports_a_resumption(tmp_path, capsys):
 
     def loop(limit, resume):
         train = mx.io.NDArrayIter(X, y, batch_size=20, label_name="softmax_label")
-        return MainLoop(mlp(), train, extensions=[FinishAfter(after_n_epochs=limit), Printing(),
-                                                   Checkpoint(str(tmp_path))],
-                        resume_from=str(tmp_path) if resume else None)
+        return MainLoop(
+            mlp(),
+            train,
+            extensions=[FinishAfter(after_n_epochs=limit), Printing(), Checkpoint(str(tmp_path))],
+            resume_from=str(tmp_path) if resume else None,
+        )
 
     loop(1, False).run()
     capsys.readouterr()

@@ -1,4 +1,5 @@
 """FinishAfter(seconds=), EarlyStopping, NaNGuard and TrackBest on scripted and real runs."""
+
 import math
 import time
 
@@ -16,19 +17,31 @@ NAN = float("nan")
 
 
 # ------------------------------------------------------------------ EarlyStopping
-@pytest.mark.parametrize("values, mode, patience, min_delta, stop_epoch, best", [
-    ([1.0, 0.8, 0.9, 0.85, 0.7, 0.6], "min", 2, 0.0, 4, 0.8),   # no better at 3 and 4
-    ([1.0, 0.8, 0.9, 0.7, 0.75, 0.72, 0.1], "min", 2, 0.0, 6, 0.7),  # improving resets the count
-    ([1.0, 0.95, 0.93, 0.5], "min", 2, 0.1, 3, 1.0),            # gains under min_delta don't count
-    ([0.5, 0.6, 0.6, 0.59, 0.9], "max", 2, 0.0, 4, 0.6),        # equal is no improvement
-    ([0.5, NAN, NAN, 0.9], "max", 2, 0.0, 3, 0.5),              # NaN is no improvement
-    ([3.0, 2.0, 1.0, 0.5, 0.4, 0.3, 0.2, 0.1], "min", 1, 0.0, None, 0.1),  # always improving
-])
-def test_early_stopping_stops_at_the_right_epoch(values, mode, patience, min_delta, stop_epoch,
-                                                 best):
+@pytest.mark.parametrize(
+    "values, mode, patience, min_delta, stop_epoch, best",
+    [
+        ([1.0, 0.8, 0.9, 0.85, 0.7, 0.6], "min", 2, 0.0, 4, 0.8),  # no better at 3 and 4
+        (
+            [1.0, 0.8, 0.9, 0.7, 0.75, 0.72, 0.1],
+            "min",
+            2,
+            0.0,
+            6,
+            0.7,
+        ),  # improving resets the count
+        ([1.0, 0.95, 0.93, 0.5], "min", 2, 0.1, 3, 1.0),  # gains under min_delta don't count
+        ([0.5, 0.6, 0.6, 0.59, 0.9], "max", 2, 0.0, 4, 0.6),  # equal is no improvement
+        ([0.5, NAN, NAN, 0.9], "max", 2, 0.0, 3, 0.5),  # NaN is no improvement
+        ([3.0, 2.0, 1.0, 0.5, 0.4, 0.3, 0.2, 0.1], "min", 1, 0.0, None, 0.1),  # always improving
+    ],
+)
+def test_early_stopping_stops_at_the_right_epoch(
+    values, mode, patience, min_delta, stop_epoch, best
+):
     stopper = EarlyStopping("valid_loss", patience=patience, mode=mode, min_delta=min_delta)
-    loop = small_loop([Script("valid_loss", values), stopper,
-                       FinishAfter(after_n_epochs=len(values))]).run()
+    loop = small_loop(
+        [Script("valid_loss", values), stopper, FinishAfter(after_n_epochs=len(values))]
+    ).run()
     assert stopper.best.value == best
     if stop_epoch is None:
         assert loop.status.epochs_done == len(values)
@@ -49,18 +62,26 @@ def test_early_stopping_counts_each_value_once():
             if self.main_loop.status.epochs_done % 2 == 0:
                 super().do(which_callback, *args)
 
-    loop = small_loop([EveryOther("valid_loss", [1.0, 1.1, 1.2, 1.3]),
-                       EarlyStopping("valid_loss", patience=2, every_n_epochs=1),
-                       FinishAfter(after_n_epochs=10)]).run()
+    loop = small_loop(
+        [
+            EveryOther("valid_loss", [1.0, 1.1, 1.2, 1.3]),
+            EarlyStopping("valid_loss", patience=2, every_n_epochs=1),
+            FinishAfter(after_n_epochs=10),
+        ]
+    ).run()
     assert loop.status.epochs_done == 6
     assert loop.status.stop_reason.startswith("EarlyStopping")
 
 
 def test_early_stopping_sees_a_record_written_in_the_same_after_epoch_by_a_later_extension():
     # Listed first, it still runs after the writer (priority 10 vs 0).
-    loop = small_loop([EarlyStopping("valid_loss", patience=1),
-                       Script("valid_loss", [1.0, 2.0, 0.5]),
-                       FinishAfter(after_n_epochs=3)]).run()
+    loop = small_loop(
+        [
+            EarlyStopping("valid_loss", patience=1),
+            Script("valid_loss", [1.0, 2.0, 0.5]),
+            FinishAfter(after_n_epochs=3),
+        ]
+    ).run()
     assert loop.status.epochs_done == 2
 
 
@@ -77,8 +98,13 @@ def resume(loop, extensions, finish_after):
 
 def test_early_stopping_state_carries_over_a_resumption():
     values = [1.0, 0.8, 0.9, 0.85, 0.7]
-    first = small_loop([Script("valid_loss", values), EarlyStopping("valid_loss", patience=2),
-                        FinishAfter(after_n_epochs=3)]).run()
+    first = small_loop(
+        [
+            Script("valid_loss", values),
+            EarlyStopping("valid_loss", patience=2),
+            FinishAfter(after_n_epochs=3),
+        ]
+    ).run()
     assert first.status.epochs_done == 3 and first.extensions[1].checks_without_improvement == 1
     script = Script("valid_loss", values)
     script.fired = 3
@@ -89,43 +115,62 @@ def test_early_stopping_state_carries_over_a_resumption():
 
 
 def test_early_stopping_stops_again_on_resumption_when_patience_was_spent():
-    first = small_loop([Script("valid_loss", [1.0, 2.0, 3.0]),
-                        EarlyStopping("valid_loss", patience=2),
-                        FinishAfter(after_n_epochs=3)]).run()
+    first = small_loop(
+        [
+            Script("valid_loss", [1.0, 2.0, 3.0]),
+            EarlyStopping("valid_loss", patience=2),
+            FinishAfter(after_n_epochs=3),
+        ]
+    ).run()
     assert first.extensions[1].checks_without_improvement == 2  # FinishAfter ran first at 3 epochs
-    second = resume(first, [Script("valid_loss", []), EarlyStopping("valid_loss", patience=2)],
-                    finish_after=10).run()
+    second = resume(
+        first, [Script("valid_loss", []), EarlyStopping("valid_loss", patience=2)], finish_after=10
+    ).run()
     assert second.status.epochs_done == 3 and second.status.iterations_done == 12
     assert second.status.stop_reason.startswith("EarlyStopping")
 
 
 def test_early_stopping_checks_on_resumption_a_record_it_had_not_seen():
     # The checkpoint was taken after the record was written but before the stopper read it.
-    first = small_loop([Script("valid_loss", [1.0, 2.0, 3.0]),
-                        EarlyStopping("valid_loss", patience=2), FinishAfter(after_n_epochs=3)])
+    first = small_loop(
+        [
+            Script("valid_loss", [1.0, 2.0, 3.0]),
+            EarlyStopping("valid_loss", patience=2),
+            FinishAfter(after_n_epochs=3),
+        ]
+    )
     first.run()
-    first.extensions[1].load_state_dict({"value": 1.0, "iteration": 4, "checked_iteration": 8,
-                                         "checks_without_improvement": 1})
-    second = resume(first, [Script("valid_loss", []), EarlyStopping("valid_loss", patience=2)],
-                    finish_after=10).run()
+    first.extensions[1].load_state_dict(
+        {"value": 1.0, "iteration": 4, "checked_iteration": 8, "checks_without_improvement": 1}
+    )
+    second = resume(
+        first, [Script("valid_loss", []), EarlyStopping("valid_loss", patience=2)], finish_after=10
+    ).run()
     assert second.status.epochs_done == 3
     assert second.extensions[1].checks_without_improvement == 2
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(patience=0), "patience"), (dict(patience=2, mode="lowest"), "mode"),
-    (dict(patience=2, min_delta=-1), "min_delta"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(patience=0), "patience"),
+        (dict(patience=2, mode="lowest"), "mode"),
+        (dict(patience=2, min_delta=-1), "min_delta"),
+    ],
+)
 def test_early_stopping_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         EarlyStopping("valid_loss", **kwargs)
 
 
 # ---------------------------------------------------------------------- TrackBest
-@pytest.mark.parametrize("mode, best_so_far, best_epoch", [
-    ("min", [3.0, 1.0, 1.0, 0.5, 0.5, 0.5], [1, 2, 2, 4, 4, 4]),
-    ("max", [3.0, 3.0, 3.0, 3.0, 4.0, 4.0], [1, 1, 1, 1, 5, 5]),
-])
+@pytest.mark.parametrize(
+    "mode, best_so_far, best_epoch",
+    [
+        ("min", [3.0, 1.0, 1.0, 0.5, 0.5, 0.5], [1, 2, 2, 4, 4, 4]),
+        ("max", [3.0, 3.0, 3.0, 3.0, 4.0, 4.0], [1, 1, 1, 1, 5, 5]),
+    ],
+)
 def test_track_best_keeps_the_best_value_and_its_iteration(mode, best_so_far, best_epoch):
     values = [3.0, 1.0, 2.0, 0.5, 4.0, NAN]
     tracker = TrackBest("valid_loss", mode=mode)
@@ -134,8 +179,11 @@ def test_track_best_keeps_the_best_value_and_its_iteration(mode, best_so_far, be
         row = loop.log[4 * epoch]
         assert row["valid_loss_best_so_far"] == best_so_far[epoch - 1]
         assert row["valid_loss_best_iteration"] == 4 * best_epoch[epoch - 1]
-    assert tracker.state_dict() == {"value": best_so_far[-1], "iteration": 4 * best_epoch[-1],
-                                    "checked_iteration": 24}
+    assert tracker.state_dict() == {
+        "value": best_so_far[-1],
+        "iteration": 4 * best_epoch[-1],
+        "checked_iteration": 24,
+    }
 
 
 def test_track_best_ignores_stale_values_and_reads_records_between_epochs():
@@ -196,8 +244,9 @@ class WeightNorm(Extension):
         manager = self.main_loop.manager
         row = self.main_loop.log.current_row
         row["fc1_weight_norm"] = float(mx.nd.norm(manager.param_arrays[0][0]).asscalar())
-        row["params_finite"] = all(bool(np.isfinite(p[0].asnumpy()).all())
-                                   for p in manager.param_arrays)
+        row["params_finite"] = all(
+            bool(np.isfinite(p[0].asnumpy()).all()) for p in manager.param_arrays
+        )
 
 
 def diverging_loop(extensions):
@@ -227,9 +276,14 @@ def test_nan_guard_stops_a_diverging_run_right_after_the_first_nan():
 
 def test_nan_guard_keeps_checkpoints_finite(tmp_path):
     nan_at = first_non_finite_iteration()
-    loop = diverging_loop([WeightNorm(), NaNGuard("fc1_weight_norm", every_n_batches=1),
-                           Checkpoint(str(tmp_path), every_n_batches=1, keep_last=None),
-                           FinishAfter(after_n_epochs=3)]).run()
+    loop = diverging_loop(
+        [
+            WeightNorm(),
+            NaNGuard("fc1_weight_norm", every_n_batches=1),
+            Checkpoint(str(tmp_path), every_n_batches=1, keep_last=None),
+            FinishAfter(after_n_epochs=3),
+        ]
+    ).run()
     saved = latest_checkpoint(str(tmp_path))
     assert saved.loop_state is not None and f"batch{nan_at - 1:08d}" in saved.path
     assert all(np.isfinite(v.asnumpy()).all() for v in saved.arg_params.values())
@@ -243,15 +297,17 @@ def test_nan_guard_checks_parameters_with_one_sync_per_check(monkeypatch):
     class CountingGuard(NaNGuard):
         def do(self, which_callback, *args):
             real = mx.nd.NDArray.asnumpy
-            monkeypatch.setattr(mx.nd.NDArray, "asnumpy",
-                                lambda array: syncs.append(which_callback) or real(array))
+            monkeypatch.setattr(
+                mx.nd.NDArray, "asnumpy", lambda array: syncs.append(which_callback) or real(array)
+            )
             try:
                 super().do(which_callback, *args)
             finally:
                 monkeypatch.setattr(mx.nd.NDArray, "asnumpy", real)
 
-    loop = diverging_loop([CountingGuard(check_parameters=True, every_n_batches=1),
-                           FinishAfter(after_n_epochs=3)]).run()
+    loop = diverging_loop(
+        [CountingGuard(check_parameters=True, every_n_batches=1), FinishAfter(after_n_epochs=3)]
+    ).run()
     assert loop.status.iterations_done == nan_at
     assert loop.log[nan_at]["nan_detected"] == "fc1_weight"
     reason = loop.status.stop_reason
@@ -261,12 +317,22 @@ def test_nan_guard_checks_parameters_with_one_sync_per_check(monkeypatch):
 
 
 def test_nan_guard_ignores_finite_values_and_stale_nan():
-    loop = small_loop([Script("valid_loss", [1.0, NAN]),
-                       NaNGuard("valid_loss", check_parameters=True),
-                       FinishAfter(after_n_epochs=4)]).run()
+    loop = small_loop(
+        [
+            Script("valid_loss", [1.0, NAN]),
+            NaNGuard("valid_loss", check_parameters=True),
+            FinishAfter(after_n_epochs=4),
+        ]
+    ).run()
     assert loop.status.epochs_done == 2 and loop.log[8]["nan_detected"] == "valid_loss"
-    loop = small_loop([Script("valid_loss", [1.0, 2.0]), Script("other", [[1.0, math.inf]]),
-                       NaNGuard(["valid_loss", "other"]), FinishAfter(after_n_epochs=3)]).run()
+    loop = small_loop(
+        [
+            Script("valid_loss", [1.0, 2.0]),
+            Script("other", [[1.0, math.inf]]),
+            NaNGuard(["valid_loss", "other"]),
+            FinishAfter(after_n_epochs=3),
+        ]
+    ).run()
     assert loop.status.epochs_done == 1 and loop.log[4]["nan_detected"] == "other"
 
 

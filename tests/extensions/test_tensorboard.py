@@ -1,4 +1,5 @@
 """TensorBoard: event files that TensorBoard's own reader reads back as the log's records."""
+
 import sys
 
 import mxnet as mx
@@ -12,6 +13,7 @@ from mxoid.extensions.tensorboard import TENSORBOARD_EXTRA
 
 from conftest import classification_data
 from scripted import small_loop
+
 # TensorBoard's own reader (the 'tensorboard' package, in the test extra).
 from tensorboard.backend.event_processing import event_accumulator
 
@@ -40,8 +42,10 @@ class Records(Extension):
 def read_events(logdir):
     reader = event_accumulator.EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     reader.Reload()
-    return {tag: [(event.step, event.value) for event in reader.Scalars(tag)]
-            for tag in reader.Tags()["scalars"]}
+    return {
+        tag: [(event.step, event.value) for event in reader.Scalars(tag)]
+        for tag in reader.Tags()["scalars"]
+    }
 
 
 def expected_scalars(log, wanted=lambda name: True):
@@ -65,19 +69,34 @@ def assert_same(events, expected):
 
 def evaluation():
     X, y = classification_data(n=60, seed=3)
-    return Evaluate({"valid": mx.io.NDArrayIter(X, y, batch_size=20, label_name="softmax_label")},
-                    ["acc", "ce"])
+    return Evaluate(
+        {"valid": mx.io.NDArrayIter(X, y, batch_size=20, label_name="softmax_label")}, ["acc", "ce"]
+    )
 
 
 def test_event_files_hold_every_numeric_record_at_its_iteration(tmp_path):
-    loop = small_loop([FinishAfter(after_n_epochs=3), TrainingMonitoring("acc", every_n_batches=3),
-                       evaluation(), Records(), TensorBoard(tmp_path / "tb")])
+    loop = small_loop(
+        [
+            FinishAfter(after_n_epochs=3),
+            TrainingMonitoring("acc", every_n_batches=3),
+            evaluation(),
+            Records(),
+            TensorBoard(tmp_path / "tb"),
+        ]
+    )
     loop.run()
     events = read_events(tmp_path / "tb")
     expected = expected_scalars(loop.log)
-    assert set(expected) == {"started_with", "epoch_started", "float_record", "numpy_record",
-                             "ndarray_record", "train_accuracy", "valid_accuracy",
-                             "valid_cross_entropy"}
+    assert set(expected) == {
+        "started_with",
+        "epoch_started",
+        "float_record",
+        "numpy_record",
+        "ndarray_record",
+        "train_accuracy",
+        "valid_accuracy",
+        "valid_cross_entropy",
+    }
     assert_same(events, expected)
     assert events["started_with"] == [(0, 7.0)]
     assert [step for step, _ in events["valid_accuracy"]] == [4, 8, 12]  # 4 batches an epoch
@@ -99,14 +118,21 @@ class ReadEventsAfterEpoch(Extension):
 
 def test_epoch_records_reach_the_files_during_training(tmp_path):
     reader = ReadEventsAfterEpoch(tmp_path / "tb")
-    small_loop([FinishAfter(after_n_epochs=2), evaluation(), TensorBoard(tmp_path / "tb"),
-                reader]).run()
+    small_loop(
+        [FinishAfter(after_n_epochs=2), evaluation(), TensorBoard(tmp_path / "tb"), reader]
+    ).run()
     assert reader.seen == [[4], [4, 8]]
 
 
 def test_records_chosen_by_name_and_pattern(tmp_path):
-    loop = small_loop([FinishAfter(after_n_epochs=2), TrainingMonitoring("acc"), evaluation(),
-                       TensorBoard(tmp_path / "tb", records=["valid_*", "train_accuracy"])])
+    loop = small_loop(
+        [
+            FinishAfter(after_n_epochs=2),
+            TrainingMonitoring("acc"),
+            evaluation(),
+            TensorBoard(tmp_path / "tb", records=["valid_*", "train_accuracy"]),
+        ]
+    )
     loop.run()
     events = read_events(tmp_path / "tb")
     assert sorted(events) == ["train_accuracy", "valid_accuracy", "valid_cross_entropy"]
@@ -125,11 +151,17 @@ class FailAt(Extension):
 
 def test_resumed_run_replaces_what_the_crashed_run_wrote_after_its_checkpoint(tmp_path):
     def loop(*extra, resume=False):
-        return small_loop([FinishAfter(after_n_epochs=3),
-                           TrainingMonitoring("acc", every_n_batches=1), evaluation(),
-                           Checkpoint(str(tmp_path / "ckpt")), TensorBoard(tmp_path / "tb"),
-                           *extra],
-                          resume_from=str(tmp_path / "ckpt") if resume else None)
+        return small_loop(
+            [
+                FinishAfter(after_n_epochs=3),
+                TrainingMonitoring("acc", every_n_batches=1),
+                evaluation(),
+                Checkpoint(str(tmp_path / "ckpt")),
+                TensorBoard(tmp_path / "tb"),
+                *extra,
+            ],
+            resume_from=str(tmp_path / "ckpt") if resume else None,
+        )
 
     with pytest.raises(RuntimeError, match="crash"):
         loop(FailAt(6)).run()  # checkpoint after epoch 1 (batch 4); rows up to 6 written

@@ -1,4 +1,5 @@
 """Timing: plausible figures, and a device wait only when it writes them."""
+
 import time
 
 import mxnet as mx

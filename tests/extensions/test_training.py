@@ -1,4 +1,5 @@
 """LearningRateSchedule: the rate it sets is the one the updates use, on both update paths."""
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -17,9 +18,13 @@ UPDATE_PATHS = [
 
 
 def train(contexts, kvstore, update_on_kvstore, batches, extensions=(), **optimizer_params):
-    loop = small_loop(list(extensions) + [FinishAfter(after_n_batches=batches)], contexts=contexts,
-                      kvstore=kvstore, update_on_kvstore=update_on_kvstore,
-                      optimizer_params=optimizer_params).run()
+    loop = small_loop(
+        list(extensions) + [FinishAfter(after_n_batches=batches)],
+        contexts=contexts,
+        kvstore=kvstore,
+        update_on_kvstore=update_on_kvstore,
+        optimizer_params=optimizer_params,
+    ).run()
     return loop, {k: v.asnumpy() for k, v in loop.get_params()[0].items()}
 
 
@@ -46,11 +51,19 @@ def test_the_rate_set_is_the_rate_the_update_uses(contexts, kvstore, update_on_k
 @pytest.mark.parametrize("contexts, kvstore, update_on_kvstore", UPDATE_PATHS)
 def test_an_lr_scheduler_trains_as_the_optimizers_own(contexts, kvstore, update_on_kvstore):
     ours = LearningRateSchedule(mx.lr_scheduler.FactorScheduler(step=2, factor=0.5, base_lr=0.4))
-    loop, scheduled = train(contexts, kvstore, update_on_kvstore, 6, [ours],
-                            learning_rate=0.4, momentum=0.9)
+    loop, scheduled = train(
+        contexts, kvstore, update_on_kvstore, 6, [ours], learning_rate=0.4, momentum=0.9
+    )
     theirs = mx.lr_scheduler.FactorScheduler(step=2, factor=0.5, base_lr=0.4)
-    _, reference = train(contexts, kvstore, update_on_kvstore, 6, learning_rate=0.4, momentum=0.9,
-                         lr_scheduler=theirs)
+    _, reference = train(
+        contexts,
+        kvstore,
+        update_on_kvstore,
+        6,
+        learning_rate=0.4,
+        momentum=0.9,
+        lr_scheduler=theirs,
+    )
     assert_same_params(scheduled, reference)
     # Updates 1-2 at 0.4, 3-4 at 0.2, 5-6 at 0.1: recorded only when the rate changes.
     rates = {i: row["learning_rate"] for i, row in loop.log.items() if "learning_rate" in row}
@@ -58,7 +71,7 @@ def test_an_lr_scheduler_trains_as_the_optimizers_own(contexts, kvstore, update_
 
 
 def test_a_schedule_per_epoch_uses_the_status():
-    schedule = LearningRateSchedule(lambda status: 0.1 * 0.5 ** status.epochs_done, every="epoch")
+    schedule = LearningRateSchedule(lambda status: 0.1 * 0.5**status.epochs_done, every="epoch")
     loop = small_loop([schedule, FinishAfter(after_n_epochs=3)]).run()
     rates = {i: row["learning_rate"] for i, row in loop.log.items() if "learning_rate" in row}
     assert rates == {0: 0.1, 4: 0.05, 8: 0.025}

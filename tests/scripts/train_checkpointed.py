@@ -11,6 +11,7 @@ complete, not yet renamed into place), ``saved`` (renamed into place, before
 the log writer wrote the previous row), or ``retire`` (between the two
 renames that replace ``best``).
 """
+
 import argparse
 import os
 import signal
@@ -26,8 +27,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from conftest import classification_data, initial_params, mlp  # noqa: E402
 
 import mxoid.checkpoint.format  # noqa: E402
-from mxoid import (Checkpoint, Evaluate, Extension, FinishAfter, JSONLinesLog,  # noqa: E402
-                   MainLoop)
+from mxoid import (
+    Checkpoint,
+    Evaluate,
+    Extension,
+    FinishAfter,
+    JSONLinesLog,  # noqa: E402
+    MainLoop,
+)
 
 
 class Announce(Extension):
@@ -109,8 +116,11 @@ def main():
     parser.add_argument("--slow-write", type=float, default=0.0)
     parser.add_argument("--output", help="save the final parameters here (.npz)")
     parser.add_argument("--log", help="also write the log here (JSON lines)")
-    parser.add_argument("--best", action="store_true",
-                        help="evaluate after every epoch and keep the best checkpoint")
+    parser.add_argument(
+        "--best",
+        action="store_true",
+        help="evaluate after every epoch and keep the best checkpoint",
+    )
     parser.add_argument("--kill-at", choices=("manifest", "rename", "saved", "retire"))
     parser.add_argument("--kill-batch", type=int, default=6)
     args = parser.parse_args()
@@ -120,21 +130,38 @@ def main():
     np.random.seed(5)
     train = mx.io.NDArrayIter(X, y, batch_size=20, shuffle=True, label_name="softmax_label")
     net = mlp()
-    extensions = [FinishAfter(after_n_epochs=args.epochs), Announce(args.delay),
-                  Checkpoint(args.directory, every_n_batches=args.every_n_batches, keep_last=2,
-                             save_best_of="valid_cross_entropy" if args.best else None),
-                  *([JSONLinesLog(args.log)] if args.log else [])]
+    extensions = [
+        FinishAfter(after_n_epochs=args.epochs),
+        Announce(args.delay),
+        Checkpoint(
+            args.directory,
+            every_n_batches=args.every_n_batches,
+            keep_last=2,
+            save_best_of="valid_cross_entropy" if args.best else None,
+        ),
+        *([JSONLinesLog(args.log)] if args.log else []),
+    ]
     if args.best:
         Xv, yv = (part[:60] for part in classification_data(n=200))  # improves as it trains
-        extensions.append(Evaluate({"valid": mx.io.NDArrayIter(Xv, yv, batch_size=20,
-                                                               label_name="softmax_label")},
-                                   ["acc", "ce"], every_n_batches=5))
+        extensions.append(
+            Evaluate(
+                {"valid": mx.io.NDArrayIter(Xv, yv, batch_size=20, label_name="softmax_label")},
+                ["acc", "ce"],
+                every_n_batches=5,
+            )
+        )
     if args.kill_at:
         extensions += kill_at(args.kill_at, args.kill_batch)
-    loop = MainLoop(net, train, contexts=[mx.cpu(0), mx.cpu(1)], optimizer="sgd",
-                    optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
-                    arg_params=initial_params(net, (20, 10)), extensions=extensions,
-                    resume_from=args.directory if args.resume else None)
+    loop = MainLoop(
+        net,
+        train,
+        contexts=[mx.cpu(0), mx.cpu(1)],
+        optimizer="sgd",
+        optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
+        arg_params=initial_params(net, (20, 10)),
+        extensions=extensions,
+        resume_from=args.directory if args.resume else None,
+    )
     loop.run()
     if args.output:
         np.savez(args.output, **{k: v.asnumpy() for k, v in loop.get_params()[0].items()})
