@@ -459,6 +459,7 @@ def find_everyday_extensions():
     skipped with a note.
     """
     import importlib
+
     import mxoid.extensions as package
 
     found, notes = {}, []

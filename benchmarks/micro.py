@@ -125,8 +125,12 @@ def variant_factories(workdir: str):
     found, notes = contenders.find_everyday_extensions()
     build = contenders.build_everyday
     makers: Dict[str, Callable[[str], list]] = {}
+
+    def maker(name: str, cls) -> Callable[[str], list]:
+        return lambda tag: [build(name, cls, workdir, tag)]
+
     for name, cls in found.items():
-        makers[name] = (lambda name=name, cls=cls: lambda tag: [build(name, cls, workdir, tag)])()
+        makers[name] = maker(name, cls)
     if found:
         makers["all everyday"] = lambda tag: [build(n, c, workdir, tag) for n, c in found.items()]
     return makers, notes
@@ -247,14 +251,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     report = {"dispatch": dispatch, "per_batch": per_batch, "notes": notes}
     for entry in dispatch:
         print(
-            f"dispatch to {entry['extensions']:>2} {entry['style']:<28}: {entry['us_per_hook']:8.2f} "
-            f"us per hook, {entry['us_per_extension']:.3f} us per extension"
+            f"dispatch to {entry['extensions']:>2} {entry['style']:<28}: "
+            f"{entry['us_per_hook']:8.2f} us per hook, "
+            f"{entry['us_per_extension']:.3f} us per extension"
         )
     for entry in per_batch:
         print(
             f"{entry['name']:<36} {entry['cell']}: {entry['batch_us']:8.1f} us/batch wall "
             f"({entry['us_per_batch']:+.1f}), {entry['batch_cpu_us']:8.1f} us/batch CPU "
-            f"({entry['cpu_us_per_batch']:+.1f}); in its per-batch hooks {entry['hook_us_per_batch']:.1f} us"
+            f"({entry['cpu_us_per_batch']:+.1f}); in its per-batch hooks "
+            f"{entry['hook_us_per_batch']:.1f} us"
         )
     for note in notes:
         print(f"note: {note}")

@@ -29,7 +29,6 @@ import os
 import platform
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -548,7 +547,10 @@ def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
 def correctness(rows: List[dict]) -> dict:
     failures = []
     for row in rows:
-        where = f"{row['contender']} in {describe_cell((row['model'], row['batch_size'], row['contexts']))}"
+        where = (
+            f"{row['contender']} in "
+            f"{describe_cell((row['model'], row['batch_size'], row['contexts']))}"
+        )
         if row["errors"]:
             failures.append(f"{where}: {row['errors'][0].splitlines()[0]}")
         elif not row["finite"]:
@@ -593,7 +595,9 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
         if value is not None:
             found.append(
                 {
-                    "target": f"{LABELS[contender]}, {describe_cell(cell)}: >= {target:.0%} of hand",
+                    "target": (
+                        f"{LABELS[contender]}, {describe_cell(cell)}: >= {target:.0%} of hand"
+                    ),
                     "measured": value,
                     "limit": target,
                     "met": value >= target,
@@ -680,7 +684,8 @@ def format_table(rows: List[dict], mode: str) -> str:
         load = number(row["other_load_cores"], ".2f")
         lines.append(
             f"{row['label']:<27}{sps['median']:>10,.0f}{spread:>17}"
-            f"{number(row['ratio_to_hand'], '.2f'):>8}{number(row['ratio_to_module_fit'], '.2f'):>9}"
+            f"{number(row['ratio_to_hand'], '.2f'):>8}"
+            f"{number(row['ratio_to_module_fit'], '.2f'):>9}"
             f"{number(row['overhead_us_per_batch'], '+.0f'):>10}{row['cpu_us_per_batch']:>9.0f}"
             f"{row['peak_rss_mib']:>9.0f}"
             f"{row['peak_over_start_mib']:>6.0f}{params:>8}{load:>6}"
@@ -701,7 +706,8 @@ def format_micro(micro: dict) -> str:
     for entry in micro.get("dispatch", ()):
         lines.append(
             f"  dispatch one hook to {entry['extensions']:>2} {entry['style']:<26} extensions: "
-            f"{entry['us_per_hook']:7.2f} us per hook, {entry['us_per_extension']:.3f} us per extension"
+            f"{entry['us_per_hook']:7.2f} us per hook, "
+            f"{entry['us_per_extension']:.3f} us per extension"
         )
     for entry in micro.get("per_batch", ()):
         lines.append(
@@ -718,7 +724,8 @@ def format_markdown(report: dict) -> str:
     """The report as Markdown: machine, command, one table of every cell, targets."""
     machine = report["machine"]
     lines = [
-        f"Run of {report['date']}: `python {report['command']}` ({report['seconds'] / 60:.0f} min), "
+        f"Run of {report['date']}: `python {report['command']}` "
+        f"({report['seconds'] / 60:.0f} min), "
         f"{machine['nproc']} CPUs ({machine['cpu']}), Python {machine['python']}, MXNet "
         f"{report['mxnet']}, mxoid {machine['mxoid_commit']}"
         f"{' with uncommitted changes' if machine['mxoid_uncommitted_changes'] else ''}.",
@@ -745,8 +752,10 @@ def format_markdown(report: dict) -> str:
             else f"{row.get('max_abs_diff_to_hand', float('nan')):.0e}"
         )
         lines.append(
-            f"| {cell} | {row['label']} | {sps['median']:,.0f} | {sps['min']:,.0f}-{sps['max']:,.0f} "
-            f"| {number(row['ratio_to_hand'], '.2f')} | {number(row['ratio_to_module_fit'], '.2f')} "
+            f"| {cell} | {row['label']} | {sps['median']:,.0f} "
+            f"| {sps['min']:,.0f}-{sps['max']:,.0f} "
+            f"| {number(row['ratio_to_hand'], '.2f')} "
+            f"| {number(row['ratio_to_module_fit'], '.2f')} "
             f"| {number(row['overhead_us_per_batch'], '+.0f')} | {row['cpu_us_per_batch']:,.0f} "
             f"| {row['peak_rss_mib']:.0f} | {row['peak_over_start_mib']:.0f} | {params} "
             f"| {number(row['other_load_cores'], '.2f')} |"
@@ -755,7 +764,8 @@ def format_markdown(report: dict) -> str:
     if micro.get("per_batch"):
         lines += [
             "",
-            "| micro: per-batch cost | wall us/batch | CPU us/batch | host us in its per-batch hooks |",
+            "| micro: per-batch cost | wall us/batch | CPU us/batch "
+            "| host us in its per-batch hooks |",
             "|---|---:|---:|---:|",
         ]
         for entry in micro["per_batch"]:

@@ -4,7 +4,8 @@ Run it under the launcher, which starts a scheduler, the servers and the
 workers on this machine (each worker runs this script)::
 
     mxoid launch -n 2 -- python examples/distributed.py
-    python -m mxoid.distributed.launch -n 2 -s 1 --timeout 600 -- python examples/distributed.py --epochs 10
+    python -m mxoid.distributed.launch -n 2 -s 1 --timeout 600 -- \\
+        python examples/distributed.py --epochs 10
 
 Each worker trains on its own equal share of the training split
 (``mxoid.shard``), with gradients summed on the server (``dist_sync``: two

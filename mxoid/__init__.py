@@ -97,11 +97,13 @@ if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
     sys.meta_path.append(_MovedModules())
 
 
+# The public names for type checkers and editors; at run time, __getattr__ imports them on
+# first use (they are in __all__, which ruff cannot read, hence the noqa).
 if TYPE_CHECKING:  # pragma: no cover
-    from .checkpoint import CheckpointError
-    from .distributed import allreduce_sums, shard
-    from .executor_manager import DataParallelExecutorManager
-    from .extensions import (
+    from .checkpoint import CheckpointError  # noqa: F401
+    from .distributed import allreduce_sums, shard  # noqa: F401
+    from .executor_manager import DataParallelExecutorManager  # noqa: F401
+    from .extensions import (  # noqa: F401
         Checkpoint,
         CSVLog,
         EarlyStopping,
@@ -119,5 +121,5 @@ if TYPE_CHECKING:  # pragma: no cover
         TrackBest,
         TrainingMonitoring,
     )
-    from .log import TrainingLog, TrainingStatus, read_log
-    from .main_loop import MainLoop
+    from .log import TrainingLog, TrainingStatus, read_log  # noqa: F401
+    from .main_loop import MainLoop  # noqa: F401

@@ -93,8 +93,10 @@ def _numeric(rows: Sequence[Dict[str, Any]], name: str) -> bool:
 def select_records(
     rows: Sequence[Dict[str, Any]], wanted: Optional[Sequence[str]], path: str = "the log"
 ) -> List[str]:
-    """Return the records to show: ``wanted`` (names or shell patterns such as
-    ``'valid_*'``, in that order), or by default every record holding numbers.
+    """Return the records to show.
+
+    They are ``wanted`` (names or shell patterns such as ``'valid_*'``, in
+    that order), or by default every record holding numbers.
 
     Raises
     ------
@@ -144,7 +146,7 @@ def _cell(value: Any) -> str:
 def format_table(
     rows: Sequence[Dict[str, Any]], records: Sequence[str], all_runs: bool = False
 ) -> str:
-    """The rows holding any of ``records`` as a text table, a line per row."""
+    """Return the rows holding any of ``records`` as a text table, a line per row."""
     columns = ([RUN] if all_runs else []) + [ITERATION, EPOCHS_DONE] + list(records)
     shown = [row for row in rows if any(row.get(name) is not None for name in records)]
     cells = [[_cell(row.get(name)) for name in columns] for row in shown]
@@ -188,7 +190,7 @@ def metric_families(records: Sequence[str]) -> Dict[str, List[Tuple[str, str]]]:
     """
     split = {name: name.split("_", 1) for name in records if "_" in name}
     rests: Dict[str, int] = {}
-    for prefix, rest in split.values():
+    for _prefix, rest in split.values():
         rests[rest] = rests.get(rest, 0) + 1
     families: Dict[str, List[Tuple[str, str]]] = {}
     for name in records:
@@ -201,7 +203,7 @@ def metric_families(records: Sequence[str]) -> Dict[str, List[Tuple[str, str]]]:
 
 
 def epoch_positions(rows: Sequence[Dict[str, Any]]) -> List[float]:
-    """The epoch (fractional between epoch ends) at which each row was written.
+    """Return the epoch (fractional between epoch ends) at which each row was written.
 
     The row that ends epoch ``e`` is the first row with ``epochs_done == e``;
     rows between two epoch ends are placed in proportion to their iteration.

@@ -13,7 +13,7 @@ _ERROR_PREFIX = re.compile(r"^(MXNetError|mxnet\.base\.MXNetError):\s*")
 
 
 def clean_mxnet_message(error: BaseException | str) -> str:
-    """Return the first meaningful line of an MXNet error, without the C++ trace.
+    r"""Return the first meaningful line of an MXNet error, without the C++ trace.
 
     MXNet 1.x errors carry a timestamped source location and a C++ stack
     trace. Users need the sentence that says what went wrong.
@@ -30,7 +30,10 @@ def clean_mxnet_message(error: BaseException | str) -> str:
 
     Examples
     --------
-    >>> clean_mxnet_message("[17:01:02] src/c_api.cc:12: Error in operator fc: bad shape\\nStack trace:\\n  [bt] (0) ...")
+    >>> clean_mxnet_message(
+    ...     "[17:01:02] src/c_api.cc:12: Error in operator fc: bad shape\n"
+    ...     "Stack trace:\n  [bt] (0) ..."
+    ... )
     'Error in operator fc: bad shape'
     """
     text = str(error)

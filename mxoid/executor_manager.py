@@ -24,7 +24,10 @@ _OUTPUT_SUFFIX = "_output"
 
 
 def output_short_name(name: str) -> str:
-    """Return an output name without MXNet's ``_output`` suffix (``softmax_output`` -> ``softmax``)."""
+    """Return an output name without MXNet's ``_output`` suffix.
+
+    ``softmax_output`` -> ``softmax``.
+    """
     return name[: -len(_OUTPUT_SUFFIX)] if name.endswith(_OUTPUT_SUFFIX) else name
 
 
@@ -194,7 +197,7 @@ class DataParallelExecutorManager:
         label_shapes: Optional[Sequence[DataDescLike]] = None,
         *,
         work_load_list: Optional[Sequence[float]] = None,
-        shared_manager: Optional["DataParallelExecutorManager"] = None,
+        shared_manager: Optional[DataParallelExecutorManager] = None,
     ) -> None:
         self.symbol = symbol
         self.contexts = list(contexts)
@@ -331,7 +334,7 @@ class DataParallelExecutorManager:
         self,
         data_shapes: Sequence[DataDescLike],
         label_shapes: Optional[Sequence[DataDescLike]] = None,
-    ) -> "DataParallelExecutorManager":
+    ) -> DataParallelExecutorManager:
         """Return a manager for other input shapes that shares this one's parameters.
 
         The manager is bound once per distinct set of shapes and reused.

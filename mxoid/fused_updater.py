@@ -40,6 +40,7 @@ class FusedSGDUpdater(mx.optimizer.Updater):
         self._plans: Dict[Any, Optional[_Plan]] = {}
 
     def set_states(self, states: bytes) -> None:
+        """Load the states as the stock updater does; forget the plans made with the old ones."""
         super().set_states(states)
         self._plans.clear()
 
@@ -53,6 +54,11 @@ class FusedSGDUpdater(mx.optimizer.Updater):
         )
 
     def __call__(self, index: Union[int, str, list], grad: Any, weight: Any) -> None:
+        """Update ``weight`` with ``grad`` (or lists of them, pair by pair).
+
+        The result is the stock updater's. Plain SGD with momentum takes the
+        fused path; anything else, the stock one.
+        """
         if not self._fused():
             return super().__call__(index, grad, weight)
         if isinstance(index, (list, tuple)):
@@ -107,6 +113,8 @@ class FusedSGDUpdater(mx.optimizer.Updater):
 
 
 def create_updater(optimizer: mx.optimizer.Optimizer) -> mx.optimizer.Updater:
-    """The updater mxoid uses: :class:`FusedSGDUpdater` (it falls back to MXNet's own path
-    for every optimizer but plain SGD)."""
+    """Return the updater mxoid uses: :class:`FusedSGDUpdater`.
+
+    It falls back to MXNet's own path for every optimizer but plain SGD.
+    """
     return FusedSGDUpdater(optimizer)

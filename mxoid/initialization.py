@@ -62,7 +62,7 @@ Shapes = Dict[str, Tuple[int, ...]]
 def parameter_shapes(
     symbol: mx.sym.Symbol, input_shapes: Mapping[str, Tuple[int, ...]]
 ) -> Tuple[Shapes, Shapes]:
-    """The shapes of a symbol's parameters and auxiliary states for these input shapes.
+    """Return the shapes of a symbol's parameters and auxiliary states for these input shapes.
 
     Raises
     ------

@@ -1,5 +1,6 @@
-"""Ctrl-C and SIGTERM that stop training cleanly, as in Blocks: what a signal means, from
-its handler to the exit message.
+"""Ctrl-C and SIGTERM that stop training cleanly, as in Blocks.
+
+What a signal means, from its handler to the exit message.
 
 The first Ctrl-C lets the current epoch finish; a second Ctrl-C, or a
 SIGTERM (what a cluster sends before it kills a job), lets only the current
@@ -14,10 +15,10 @@ when training ends). A run that was cut short says so and how to resume
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from types import FrameType
-import os
 from typing import Any, Dict, Optional, Sequence
 
 from .log.status import TrainingStatus
@@ -58,7 +59,7 @@ class InterruptHandlers:
         self._previous: Dict[int, Any] = {}
         self._sigint_count = 0
 
-    def __enter__(self) -> "InterruptHandlers":
+    def __enter__(self) -> InterruptHandlers:
         if threading.current_thread() is threading.main_thread():
             self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._on_sigint)
             self._previous[signal.SIGTERM] = signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -91,12 +92,12 @@ class InterruptHandlers:
 
 
 def signal_number(name: Optional[str]) -> int:
-    """The number of signal ``name`` (``'SIGTERM'`` -> 15); 0 for None."""
+    """Return the number of signal ``name`` (``'SIGTERM'`` -> 15); 0 for None."""
     return int(getattr(signal, name)) if name else 0
 
 
 def exit_status(name: str) -> int:
-    """The exit status of a process stopped by signal ``name``, as a shell reports it."""
+    """Return the exit status of a process stopped by signal ``name``, as a shell reports it."""
     return 128 + signal_number(name)
 
 
@@ -132,7 +133,7 @@ def cut_short(status: TrainingStatus) -> bool:
 def interruption_message(
     status: TrainingStatus, saved: Optional[str], directories: Sequence[str]
 ) -> str:
-    """What an interrupted run tells its user: where it stopped, and how to resume.
+    """Return what an interrupted run tells its user: where it stopped, and how to resume.
 
     Parameters
     ----------

@@ -162,7 +162,7 @@ class MainLoop:
         update_on_kvstore: Optional[bool] = None,
         work_load_list: Optional[Sequence[float]] = None,
         extensions: Sequence[Extension] = (),
-        resume_from: Optional["os.PathLike[str] | str"] = None,
+        resume_from: Optional[os.PathLike[str] | str] = None,
         exit_on_interrupt: bool = True,
     ) -> None:
         kv = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
@@ -241,7 +241,7 @@ class MainLoop:
         return self.update.updater
 
     def reduction(self, extension: Extension) -> Any:
-        """What ``extension`` uses to sum its ``(sum, count)`` totals over the workers.
+        """Return what ``extension`` uses to sum its ``(sum, count)`` totals over the workers.
 
         None without a distributed kvstore, or for an extension that runs on
         rank 0 only (a reduction needs every worker); otherwise a function
@@ -252,7 +252,7 @@ class MainLoop:
         return lambda totals: allreduce_sums(self.kvstore, extension.name, totals)
 
     # -------------------------------------------------------------- training
-    def run(self) -> "MainLoop":
+    def run(self) -> MainLoop:
         """Train until an extension requests a stop; return the loop.
 
         Raises
@@ -354,8 +354,10 @@ class MainLoop:
         return True
 
     def request_stop(self, reason: str, *, every_rank: bool = False) -> None:
-        """Ask the loop to stop: after this batch when called in ``after_batch``,
-        after this epoch when called in ``after_epoch``.
+        """Ask the loop to stop.
+
+        It stops after this batch when called in ``after_batch``, after this
+        epoch when called in ``after_epoch``.
 
         The reason is kept in ``status.stop_reason`` and recorded in the log as
         ``training_finish_requested``.
@@ -377,11 +379,11 @@ class MainLoop:
             logger.info("stop requested: %s", reason)
 
     def _stop_deferred(self) -> bool:
-        """True while a stop asked on this worker alone waits for the workers to agree."""
+        """Return True while a stop asked on this worker alone waits for the workers to agree."""
         return self._collective and not self._stop_everywhere
 
     def _agree_to_stop(self, epoch_end: bool) -> bool:
-        """A collective call: stop every worker when any worker asked to; return whether."""
+        """Stop every worker when any worker asked to; return whether (a collective call)."""
         status = self.status
         agreed = agree_to_stop(
             self.kvstore,
@@ -435,8 +437,10 @@ class MainLoop:
         return self.manager.get_params()
 
     def optimizer_states(self) -> Optional[bytes]:
-        """The optimizer and its states as MXNet dumps them, or None with a distributed
-        kvstore (whose states live on the servers)."""
+        """Return the optimizer and its states as MXNet dumps them.
+
+        None with a distributed kvstore (whose states live on the servers).
+        """
         return self.update.states()
 
     # ------------------------------------------------------------ its state
@@ -469,8 +473,10 @@ class MainLoop:
         }
 
     def load_state_dict(self, checkpoint: CheckpointContents) -> None:
-        """Continue the run of ``checkpoint``: its optimizer states, log, status, extension
-        states, iterator position and random states (the parameters are set at construction).
+        """Continue the run of ``checkpoint``.
+
+        Restore its optimizer states, log, status, extension states, iterator
+        position and random states (the parameters are set at construction).
 
         What must match was checked when the checkpoint was chosen (see
         :meth:`_check_checkpoint`); optimizer settings given to this loop that

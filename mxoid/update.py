@@ -179,8 +179,9 @@ def _adopt_optimizer(
     symbol: mx.sym.Symbol,
     rescale_grad: float,
 ) -> mx.optimizer.Optimizer:
-    """Use an optimizer the user created, as ``Module.init_optimizer`` does, keeping its
-    multipliers.
+    """Use an optimizer the user created, as ``Module.init_optimizer`` does.
+
+    Its multipliers are kept.
 
     Its index-to-name map becomes the loop's (the indices the update functions
     use). Its own ``lr_mult`` / ``wd_mult`` (``set_lr_mult``, ``set_wd_mult``)
@@ -210,7 +211,7 @@ def _adopt_optimizer(
 def kvstore_keys(
     kvstore: Optional[mx.kvstore.KVStore], param_names: Sequence[str]
 ) -> List[Union[int, str]]:
-    """The kvstore key of each parameter: its index on one machine, its name when distributed.
+    """Return each parameter's kvstore key: its index on one machine, its name when distributed.
 
     Integer keys spare the string conversions of every push and pull; the
     index is what the optimizer's index-to-name map expects. A distributed
@@ -326,7 +327,7 @@ _NOT_SETTINGS = (
 
 
 def optimizer_settings(optimizer: mx.optimizer.Optimizer) -> Dict[str, Any]:
-    """The optimizer's type and settings (not its state: no update counts), as plain data."""
+    """Return the optimizer's type and settings (not its state: no update counts), as plain data."""
     settings: Dict[str, Any] = {}
     for name, value in vars(optimizer).items():
         if name.startswith("_") or name in _NOT_SETTINGS:
@@ -376,14 +377,16 @@ class Update:
         self.step = step
 
     def _states_updater(self) -> Optional[mx.optimizer.Updater]:
-        """The updater holding the optimizer states here; None when the servers hold them."""
+        """Return the updater holding the optimizer states here; None when the servers hold them."""
         if self.update_on_kvstore:
             return getattr(self.kvstore, "_updater", None)
         return self.updater
 
     def states(self) -> Optional[bytes]:
-        """The optimizer and its states as MXNet dumps them, or None with a distributed
-        kvstore that updates (the states live on the servers)."""
+        """Return the optimizer and its states as MXNet dumps them.
+
+        None with a distributed kvstore that updates (the states live on the servers).
+        """
         updater = self._states_updater()
         return None if updater is None else updater.get_states(dump_optimizer=True)
 
@@ -442,7 +445,7 @@ class Update:
 
 
 def prepare_update(
-    manager: "DataParallelExecutorManager",
+    manager: DataParallelExecutorManager,
     symbol: mx.sym.Symbol,
     kvstore: Optional[mx.kvstore.KVStore],
     update_on_kvstore: bool,

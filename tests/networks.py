@@ -105,7 +105,10 @@ def _conv_bn_relu(data, num_filter, kernel=(1, 1), stride=(1, 1), pad=(0, 0), nu
 
 
 def mobilenet(num_classes=10, width=8):
-    """A MobileNet: depthwise (num_group = channels) then pointwise convolutions, as mobilenet.py."""
+    """A MobileNet: depthwise (num_group = channels) then pointwise convolutions.
+
+    As in mobilenet.py.
+    """
     data = mx.sym.Variable("data")
     body = _conv_bn_relu(data, width, kernel=(3, 3), pad=(1, 1), name="conv1")
     for index, (channels, stride) in enumerate(((width, 1), (2 * width, 2), (2 * width, 1))):
@@ -175,7 +178,10 @@ def fix_gamma_names(symbol):
 
 
 def initial_params(symbol, data_shape, seed=1):
-    """Xavier-like initial parameters and fresh BatchNorm statistics, drawn with NumPy's ``seed``."""
+    """Xavier-like initial parameters and fresh BatchNorm statistics.
+
+    Drawn with NumPy's ``seed``.
+    """
     rng = np.random.RandomState(seed)
     arg_shapes, _, aux_shapes = symbol.infer_shape(data=data_shape)
     args = {}

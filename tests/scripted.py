@@ -1,10 +1,9 @@
 """Helpers for extension tests: a small loop, and an extension writing scripted records."""
 
 import mxnet as mx
+from conftest import classification_data, initial_params, mlp
 
 from mxoid import Extension, MainLoop
-
-from conftest import classification_data, initial_params, mlp
 
 
 def small_loop(

@@ -11,12 +11,11 @@ import time
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import TWO_CPUS, classification_data, initial_params, mlp
 
 from mxoid import Checkpoint, CheckpointError, Extension, FinishAfter, MainLoop, read_log
-from mxoid.extensions import EarlyStopping, Evaluate, TrackBest, TrainingMonitoring
 from mxoid.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
-
-from conftest import TWO_CPUS, classification_data, initial_params, mlp
+from mxoid.extensions import EarlyStopping, Evaluate, TrackBest, TrainingMonitoring
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "train_checkpointed.py")
 
@@ -334,10 +333,12 @@ class Trainer:
     def finish(self, timeout=60):
         try:
             out, err = self.process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as expired:
             self.process.kill()
             out, err = self.process.communicate()
-            raise AssertionError(f"the training process did not exit within {timeout} s: {err}")
+            raise AssertionError(
+                f"the training process did not exit within {timeout} s: {err}"
+            ) from expired
         self.lines.extend(out.splitlines(True))
         return self.process.returncode, err
 
@@ -400,7 +401,7 @@ def test_signals_stop_cleanly_with_a_checkpoint(tmp_path, signals, code, stops_a
     checkpoint = latest_checkpoint(str(tmp_path / "checkpoints"))
     status = checkpoint.loop_state["status"]
     assert status["interrupted"] in ("SIGINT", "SIGTERM")
-    batches = [int(l.split()[1]) for l in run.lines if l.startswith("BATCH")]
+    batches = [int(line.split()[1]) for line in run.lines if line.startswith("BATCH")]
     assert status["iterations_done"] == batches[-1]
     if stops_at == "epoch":
         assert status["iterations_done"] % 10 == 0 and not status["epoch_started"]

@@ -6,7 +6,6 @@ during the epoch-end hooks, and bad input. Nothing lost, nothing mislabelled, a 
 import hashlib
 import json
 import os
-import pickle
 import random
 import resource
 import shutil
@@ -18,11 +17,13 @@ import time
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import classification_data, initial_params, mlp
+from scripted import Script, small_loop
+from test_checkpoint import Trainer, assert_identical, make_loop, params_of
 
 from mxoid import (
     Checkpoint,
     CheckpointError,
-    CSVLog,
     EarlyStopping,
     Evaluate,
     Extension,
@@ -34,10 +35,6 @@ from mxoid import (
     read_log,
 )
 from mxoid.checkpoint import DirectoryLock, ResumeError, list_checkpoints, read_checkpoint
-
-from conftest import classification_data, initial_params, mlp
-from scripted import Script, small_loop
-from test_checkpoint import SCRIPT, Trainer, assert_identical, make_loop, params_of
 
 
 def rows_without(rows, *names):
@@ -201,7 +198,7 @@ def test_random_kills_lose_no_row_of_the_log_file(tmp_path, reference_run):
     common = ["--every-n-batches", "3", "--best", "--log", str(log), "--delay", "0.01"]
     rng = random.Random(20261201)
     output = tmp_path / "params.npz"
-    for attempt in range(6):
+    for _attempt in range(6):
         run = Trainer(directory, *common, "--resume", "--output", str(output))
         run.wait_for(("BATCH", "DONE"), timeout=60)
         time.sleep(rng.uniform(0.0, 0.6))
@@ -563,14 +560,16 @@ def test_resuming_other_training_is_refused_naming_the_checkpoint(tmp_path, chan
 # ------------------------------------------------------------ 10. roll_over
 @pytest.mark.parametrize("cut", [12, 14])  # 10 batches per epoch: after and inside epoch 2
 def test_roll_over_iterators_resume_exactly(tmp_path, cut):
-    factory = lambda X, y: mx.io.NDArrayIter(
-        X[:190],
-        y[:190],
-        batch_size=20,
-        shuffle=True,  # noqa
-        last_batch_handle="roll_over",
-        label_name="softmax_label",
-    )
+    def factory(X, y):
+        return mx.io.NDArrayIter(
+            X[:190],
+            y[:190],
+            batch_size=20,
+            shuffle=True,  # noqa
+            last_batch_handle="roll_over",
+            label_name="softmax_label",
+        )
+
     full = make_loop(
         tmp_path / "full",
         FinishAfter(after_n_batches=40),

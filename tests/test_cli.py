@@ -9,12 +9,11 @@ from pathlib import Path
 
 import mxnet as mx
 import pytest
+from conftest import classification_data, mlp
 
 from mxoid import CSVLog, Evaluate, FinishAfter, JSONLinesLog, MainLoop, TrainingMonitoring
 from mxoid.cli import PLOT_EXTRA, epoch_positions, main, metric_families
 from mxoid.log.files import read_log
-
-from conftest import classification_data, mlp
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -16,15 +16,15 @@ import numpy as np
 import pytest
 
 from mxoid import Evaluate, FinishAfter, MainLoop, distributed
-from mxoid.distributed import ServerOptimizer, allgather, allreduce_sums
 from mxoid.checkpoint.data_position import batches_per_epoch
+from mxoid.distributed import ServerOptimizer, allgather, allreduce_sums
 from mxoid.distributed.sharding import shard, shard_arrays
 
 SCRIPTS = Path(__file__).parent / "dist_scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-import dist_worker
-from jobs import job_environment, run_job
+import dist_worker  # noqa: E402
+from jobs import job_environment, run_job  # noqa: E402
 
 WORKER = [sys.executable, SCRIPTS / "dist_worker.py"]
 SECONDS_TO_STOP = 20  # from the failure to the launcher's return, on a loaded 2-core machine

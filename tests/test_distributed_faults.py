@@ -5,7 +5,6 @@ Each job runs tests/dist_scripts/dist_worker.py on two workers under ``mxoid lau
 """
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -170,8 +169,9 @@ def test_a_signal_to_the_launcher_stops_training_cleanly_on_every_worker(tmp_pat
 
 
 def test_the_launcher_has_a_stall_timeout_by_default():
-    from mxoid.distributed.launch import _parser, launch
     import inspect
+
+    from mxoid.distributed.launch import _parser, launch
 
     assert _parser().parse_args(["-n", "2"]).stall_timeout == 300
     assert inspect.signature(launch).parameters["stall_timeout"].default == 300

@@ -3,11 +3,10 @@
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import TWO_CPUS, classification_data, initial_params, mlp, two_heads
 
 from mxoid import DataParallelExecutorManager
 from mxoid.executor_manager import split_batch
-
-from conftest import TWO_CPUS, classification_data, initial_params, mlp, two_heads
 
 
 def numpy_mlp(params, X):

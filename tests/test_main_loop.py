@@ -5,10 +5,9 @@ import logging
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import TWO_CPUS, classification_data, initial_params, mlp
 
 from mxoid import Extension, FinishAfter, MainLoop
-
-from conftest import TWO_CPUS, classification_data, initial_params, mlp
 
 OPTIMIZER_PARAMS = {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}
 

@@ -16,12 +16,11 @@ import shutil
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import TWO_CPUS
+from networks import NETWORKS, digits_images, fix_gamma_names, initial_params, network, resnet20
 
 from mxoid import Checkpoint, Evaluate, Extension, FinishAfter, MainLoop, TrainingMonitoring
 from mxoid.checkpoint import list_checkpoints, read_checkpoint
-
-from conftest import TWO_CPUS
-from networks import NETWORKS, digits_images, fix_gamma_names, initial_params, network, resnet20
 
 BATCH = 32
 OPTIMIZER_PARAMS = {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-4}

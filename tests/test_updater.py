@@ -3,10 +3,9 @@
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import mlp
 
 from mxoid.fused_updater import FusedSGDUpdater
-
-from conftest import mlp
 
 NAMES = ["fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"]
 SHAPES = [(16, 10), (16,), (3, 16), (3,)]

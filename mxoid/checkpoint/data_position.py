@@ -87,8 +87,11 @@ class DataPosition:
         return {"kind": "replay", "epoch_start_random": self._epoch_start_random, "shapes": shapes}
 
     def check(self, state: Dict[str, Any], where: str) -> None:
-        """Raise ``ValueError`` when this iterator is not the one of ``state``: other inputs or
-        shapes, another kind, or (``NDArrayIter``) another number of samples."""
+        """Raise ``ValueError`` when this iterator is not the one of ``state``.
+
+        That is: other inputs or shapes, another kind, or (``NDArrayIter``)
+        another number of samples.
+        """
 
         def refuse(what: str) -> None:
             raise ResumeError(

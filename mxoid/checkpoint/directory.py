@@ -1,5 +1,7 @@
-"""A directory of checkpoints: their order, the lock of the run writing them, tidying up
-after interrupted writes, and what ``resume_from`` names.
+"""A directory of checkpoints, and what ``resume_from`` names.
+
+The checkpoints of a directory in order, the lock of the run writing them,
+and tidying up after interrupted writes.
 
 What ``resume_from`` accepts (:func:`find_checkpoint`)
 ------------------------------------------------------
@@ -23,7 +25,7 @@ import os
 import shutil
 import socket
 import warnings
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .format import (
     CANNOT_WRITE,
@@ -72,8 +74,11 @@ ALL_DAMAGED = (
 
 
 def list_checkpoints(directory: str) -> List[str]:
-    """Checkpoint folders in ``directory`` (renamed into place, maybe damaged), oldest first
-    (by sequence number, which is the order they were written)."""
+    """Return the checkpoint folders in ``directory``, oldest first.
+
+    The folders are those renamed into place, maybe damaged; the order is by
+    sequence number, which is the order they were written.
+    """
     if not os.path.isdir(directory):
         return []
     found = []
@@ -85,7 +90,7 @@ def list_checkpoints(directory: str) -> List[str]:
 
 
 def next_sequence(directory: str) -> int:
-    """The sequence number of the next checkpoint written into ``directory``."""
+    """Return the sequence number of the next checkpoint written into ``directory``."""
     numbers = [
         int(FOLDER_NAME.match(os.path.basename(p)).group(1)) for p in list_checkpoints(directory)
     ]
@@ -93,8 +98,11 @@ def next_sequence(directory: str) -> int:
 
 
 def is_checkpoint_folder(path: str) -> bool:
-    """True for a folder that is (or was meant to be) one checkpoint, rather than a directory
-    of them: it has a manifest or MXNet's files."""
+    """Return True for a folder that is (or was meant to be) one checkpoint.
+
+    Such a folder, rather than a directory of checkpoints, has a manifest or
+    MXNet's files.
+    """
     return os.path.isdir(path) and any(
         os.path.exists(os.path.join(path, name))
         for name in (MANIFEST, LOOP_STATE, f"{PREFIX}-symbol.json")
@@ -126,8 +134,9 @@ def remove_checkpoint(path: str) -> None:
 
 
 def clean_temporaries(directory: str) -> List[Tuple[str, str]]:
-    """Tidy what interrupted writes left in ``directory``; call it holding its :class:`DirectoryLock`.
+    """Tidy what interrupted writes left in ``directory``.
 
+    Call it holding the directory's :class:`DirectoryLock`.
     Half-written (``.tmp-``) and half-deleted (``.deleting-``) folders are
     deleted. A retired folder (``.retired-``, a whole checkpoint being
     replaced) is put back when nothing replaced it, deleted otherwise.
@@ -173,9 +182,15 @@ class DirectoryLock:
 
     @property
     def held(self) -> bool:
+        """Whether this object holds the lock."""
         return self._descriptor is not None
 
     def acquire(self) -> None:
+        """Take the lock, and write who holds it into the lock file.
+
+        The directory is created if needed, and checked to be writable.
+        Nothing happens when this object already holds the lock.
+        """
         if self.held:
             return
         try:
@@ -214,17 +229,18 @@ class DirectoryLock:
         self._descriptor = descriptor
 
     def release(self) -> None:
+        """Release the lock, if held."""
         if self._descriptor is not None:
             os.close(self._descriptor)
             self._descriptor = None
 
 
 def find_checkpoint(
-    resume_from: Optional["os.PathLike[str] | str"],
+    resume_from: Optional[os.PathLike[str] | str],
     own_directories: Sequence[str] = (),
     check: Any = None,
 ) -> Optional[CheckpointContents]:
-    """The checkpoint ``resume_from`` names, under the rules of this module's documentation.
+    """Return the checkpoint ``resume_from`` names, under the rules of this module's documentation.
 
     Parameters
     ----------

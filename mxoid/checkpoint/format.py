@@ -40,7 +40,7 @@ import re
 import shutil
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import mxnet as mx
 import numpy as np
@@ -92,8 +92,11 @@ class CheckpointError(ValueError):
 
 
 class ResumeError(ValueError):
-    """The checkpoint is whole, but not of this training: another network, batch size, data,
-    number of contexts or optimizer. The message names the checkpoint and the difference."""
+    """The checkpoint is whole, but not of this training.
+
+    It has another network, batch size, data, number of contexts or
+    optimizer. The message names the checkpoint and the difference.
+    """
 
 
 @dataclass
@@ -114,17 +117,18 @@ class CheckpointContents:
 
     @property
     def symbol_json(self) -> str:
+        """The network's symbol as JSON, read from the checkpoint folder."""
         with open(os.path.join(self.path, f"{PREFIX}-symbol.json")) as handle:
             return handle.read()
 
 
 def checkpoint_name(sequence: int, epochs_done: int, iterations_done: int) -> str:
-    """The folder name of a checkpoint."""
+    """Return the folder name of a checkpoint."""
     return f"checkpoint-{sequence:06d}-epoch{epochs_done:04d}-batch{iterations_done:08d}"
 
 
 def unique_token() -> str:
-    """A short random token that makes a temporary folder's name unique."""
+    """Return a short random token that makes a temporary folder's name unique."""
     return uuid.uuid4().hex[:12]
 
 
@@ -285,7 +289,7 @@ def _probe_write(folder: str, size: int) -> Optional[OSError]:
 
 
 def _dump_json(state: Dict[str, Any], path: str) -> str:
-    """The loop state as JSON; a value JSON cannot hold is named by where it sits."""
+    """Return the loop state as JSON; a value JSON cannot hold is named by where it sits."""
     try:
         return json.dumps(state)
     except (TypeError, ValueError):
@@ -309,7 +313,7 @@ def _dump_json(state: Dict[str, Any], path: str) -> str:
 
 
 def read_manifest(path: str) -> Dict[str, Any]:
-    """The checked manifest of a checkpoint folder.
+    """Return the checked manifest of a checkpoint folder.
 
     Raises
     ------

@@ -203,7 +203,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Entry point of ``mxoid launch`` and ``python -m mxoid.distributed.launch``; returns the exit status."""
+    """Entry point of ``mxoid launch`` and ``python -m mxoid.distributed.launch``.
+
+    Returns the exit status.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     command: List[str] = []
     if "--" in argv:

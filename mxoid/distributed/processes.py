@@ -115,7 +115,7 @@ class LaunchedProcess:
         return self.popen.pid
 
     def running(self) -> bool:
-        """True until the process has ended (and then it is reaped)."""
+        """Return True until the process has ended (and then it is reaped)."""
         return self.popen.poll() is None
 
     def describe_exit(self) -> str:
@@ -133,7 +133,7 @@ class LaunchedProcess:
         )
 
     def error_summary(self) -> str:
-        """The error the process reported last: an exception's message, preferably."""
+        """Return the error the process reported last: an exception's message, preferably."""
         exceptions = [line for line in self.errors if not line.startswith("mxoid:")]
         return (exceptions or self.errors or [""])[-1][:300]
 
@@ -144,14 +144,14 @@ class LaunchedProcess:
 
 
 def free_port() -> int:
-    """A TCP port of 127.0.0.1 free right now."""
+    """Return a TCP port of 127.0.0.1 free right now."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((HOST, 0))
         return probe.getsockname()[1]
 
 
 def _listening(pid: int, port: int) -> bool:
-    """True when process ``pid`` has a TCP socket listening on ``port`` (from /proc)."""
+    """Return True when process ``pid`` has a TCP socket listening on ``port`` (from /proc)."""
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -211,7 +211,7 @@ class Job:
 
     # ------------------------------------------------------------ starting
     def environment(self, port: int, role: str) -> Dict[str, str]:
-        """This process's environment plus the ps-lite variables for ``role``."""
+        """Return this process's environment plus the ps-lite variables for ``role``."""
         env = dict(os.environ)
         env.update(
             DMLC_PS_ROOT_URI=HOST,

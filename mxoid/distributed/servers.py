@@ -54,18 +54,21 @@ ASYNC_NEEDS_SERVER_UPDATE = (
 
 
 def is_distributed(kvstore: Optional[mx.kv.KVStore]) -> bool:
-    """True for a kvstore of MXNet's parameter server (``dist_*``)."""
+    """Return True for a kvstore of MXNet's parameter server (``dist_*``)."""
     return kvstore is not None and "dist" in kvstore.type
 
 
 def is_asynchronous(kvstore: Optional[mx.kv.KVStore]) -> bool:
-    """True for ``dist_async``: each worker's push is applied alone, without waiting for the
-    others (``dist_sync`` sums every worker's push first)."""
+    """Return True for ``dist_async``.
+
+    There each worker's push is applied alone, without waiting for the
+    others (``dist_sync`` sums every worker's push first).
+    """
     return is_distributed(kvstore) and "async" in kvstore.type
 
 
 # kvstore -> its reduction keys created so far, for kvstores whose servers run ServerOptimizer.
-reduction_keys: "weakref.WeakKeyDictionary[mx.kv.KVStore, Set[str]]" = weakref.WeakKeyDictionary()
+reduction_keys: weakref.WeakKeyDictionary[mx.kv.KVStore, Set[str]] = weakref.WeakKeyDictionary()
 
 
 class ServerOptimizer:
@@ -105,7 +108,7 @@ class ServerOptimizer:
             self.optimizer._set_current_context(device_id)
 
     def create_state_multi_precision(self, index: int, weight: mx.nd.NDArray) -> Any:
-        """The wrapped optimizer's state for a parameter; None for a reduction key."""
+        """Return the wrapped optimizer's state for a parameter; None for a reduction key."""
         if index < self.num_param_keys and self.optimizer is not None:
             return self.optimizer.create_state_multi_precision(index, weight)
         return None

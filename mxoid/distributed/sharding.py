@@ -28,7 +28,7 @@ def shard_arrays(
     rank: Optional[int] = None,
     num_workers: Optional[int] = None,
 ) -> DataLike:
-    """This worker's equal share of every array in ``data``: rows ``rank, rank + n, ...``.
+    """Return this worker's equal share of every array in ``data``: rows ``rank, rank + n, ...``.
 
     With ``n`` workers and ``N`` rows, every worker gets ``N // n`` rows (the
     last ``N % n`` rows are left out), so every worker takes the same number
@@ -79,7 +79,7 @@ def shard(
     batch_size: int,
     **iter_kwargs: Any,
 ) -> mx.io.NDArrayIter:
-    """An ``mx.io.NDArrayIter`` over this worker's equal share of ``data`` and ``label``.
+    """Return an ``mx.io.NDArrayIter`` over this worker's equal share of ``data`` and ``label``.
 
     See :func:`shard_arrays` for which rows. Every worker gets the same
     number of rows, hence of steps per epoch.

@@ -1,5 +1,7 @@
-"""What a worker of a distributed job does beside training: exchanges with the other
-workers, the checks and the endings that keep a job from hanging.
+"""What a worker of a distributed job does beside training.
+
+That is: exchanges with the other workers, and the checks and the endings
+that keep a job from hanging.
 
 - :func:`allgather` and :func:`allreduce_sums`: exact exchanges of numbers
   through the servers' reduction keys (see :mod:`mxoid.distributed.servers`);
@@ -131,7 +133,10 @@ def allreduce_sums(kvstore: Optional[mx.kv.KVStore], name: str, values: Any) -> 
 
 
 def _reduction_key(kvstore: mx.kv.KVStore, name: str, size: int) -> str:
-    """The key of reduction ``name`` with ``size`` values, created at first use (collectively)."""
+    """Return the key of reduction ``name`` with ``size`` values.
+
+    The key is created at first use (collectively).
+    """
     if kvstore not in reduction_keys:
         raise RuntimeError(NOT_SET_UP)
     known = reduction_keys[kvstore]
@@ -190,8 +195,10 @@ def pull_parameters(
 
 
 def exit_after_error(error: BaseException, rank: int) -> NoReturn:
-    """Report ``error`` on stderr and end this worker now: status 1, the code of a
-    ``SystemExit`` (1 for 0: ending alone is a failure), 130 for ``KeyboardInterrupt``.
+    """Report ``error`` on stderr and end this worker now.
+
+    The exit status is 1, the code of a ``SystemExit`` (1 for 0: ending alone
+    is a failure), or 130 for ``KeyboardInterrupt``.
 
     A worker that raises would otherwise hang at interpreter exit in
     ps-lite's finalize barrier, waiting for workers that wait for it. Output

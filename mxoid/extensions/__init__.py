@@ -11,10 +11,10 @@ NaNGuard), :mod:`.selection` (TrackBest), :mod:`.training`
 """
 
 from .base import FIRING_KEYWORDS, HOOKS, Extension, OnLogRecord
-from .saveload import Checkpoint
 from .log_writers import CSVLog, JSONLinesLog
 from .monitoring import Evaluate, TrainingMonitoring
 from .printing import Printing, ProgressBar
+from .saveload import Checkpoint
 from .selection import TrackBest
 from .stopping import EarlyStopping, FinishAfter, NaNGuard
 from .tensorboard import TensorBoard

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..log import TrainingLog
@@ -39,7 +39,7 @@ def _exactly(counter: str, n: int) -> Predicate:
     return lambda log: getattr(log.status, counter) == n
 
 
-def _always(log: "TrainingLog") -> bool:
+def _always(log: TrainingLog) -> bool:
     return True
 
 
@@ -73,7 +73,8 @@ class OnLogRecord:
         self.record = record
         self._fired: Optional[int] = None
 
-    def __call__(self, log: "TrainingLog") -> bool:
+    def __call__(self, log: TrainingLog) -> bool:
+        """Return True if ``record`` was written in the current row, once per row."""
         iteration = log.status.iterations_done
         if self._fired == iteration or log.last_iteration(self.record) != iteration:
             return False
@@ -159,7 +160,7 @@ class Extension:
 
     stops_training: bool = False
     rank_zero_only: bool = False
-    main_loop: Optional["MainLoop"] = None
+    main_loop: Optional[MainLoop] = None
 
     def __init__(
         self,
@@ -210,16 +211,17 @@ class Extension:
         if _positive("after_n_epochs", after_n_epochs):
             self.add_condition("after_epoch", _exactly("epochs_done", after_n_epochs))
 
-    def attach(self, loop: "MainLoop") -> None:
-        """Called once by the loop that runs the extension, when the loop is built.
+    def attach(self, loop: MainLoop) -> None:
+        """Attach the extension to ``loop``: set ``self.main_loop``.
 
-        Sets ``self.main_loop``. Extensions that need the loop's executors or
-        services (a distributed reduction, for instance) override it, call
-        ``super().attach(loop)`` first, and ask the loop for them here.
+        The loop that runs the extension calls it once, when the loop is built.
+        Extensions that need the loop's executors or services (a distributed
+        reduction, for instance) override it, call ``super().attach(loop)``
+        first, and ask the loop for them here.
         """
         self.main_loop = loop
 
-    def add_condition(self, hook: str, predicate: Optional[Predicate] = None) -> "Extension":
+    def add_condition(self, hook: str, predicate: Optional[Predicate] = None) -> Extension:
         """Fire :meth:`do` at ``hook`` when ``predicate(log)`` is true (always when None).
 
         The predicate receives the loop's log (``log.status`` holds the
@@ -233,11 +235,11 @@ class Extension:
         return self
 
     def overrides(self, hook: str) -> bool:
-        """True when the extension's class overrides the method of ``hook``."""
+        """Return True when the extension's class overrides the method of ``hook``."""
         return getattr(type(self), hook) is not getattr(Extension, hook)
 
     def handles(self, hook: str) -> bool:
-        """True when the loop must dispatch ``hook`` to this extension."""
+        """Return True when the loop must dispatch ``hook`` to this extension."""
         return hook in self.conditions or self.overrides(hook)
 
     def do(self, which_callback: str, *args: Any) -> None:

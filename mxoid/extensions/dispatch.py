@@ -1,5 +1,7 @@
-"""Dispatching hooks to extensions, with per-extension time accounting, and the extensions'
-states in checkpoints."""
+"""Dispatching hooks to extensions, and the extensions' states in checkpoints.
+
+The time spent in each hook is accounted per extension.
+"""
 
 from __future__ import annotations
 
@@ -134,7 +136,10 @@ class HookDispatcher:
         }
 
     def fire(self, hook: str, *args: Any) -> None:
-        """Run ``hook`` on its extensions; an error is re-raised with the extension and hook noted."""
+        """Run ``hook`` on its extensions.
+
+        An error is re-raised with the extension and hook noted.
+        """
         for handler in self.handlers[hook]:
             start = perf_counter()
             try:
@@ -161,7 +166,10 @@ class HookDispatcher:
                 logger.error("on_error of %r failed: %s", handler.extension.name, secondary)
 
     def profile(self) -> List[Tuple[str, str, int, float]]:
-        """Return ``(extension name, hook, calls, seconds)`` for every dispatched pair, slowest first."""
+        """Return ``(extension name, hook, calls, seconds)`` for every dispatched pair.
+
+        The slowest come first.
+        """
         rows = [
             (h.extension.name, h.hook, h.calls, h.seconds)
             for handlers in self.handlers.values()

@@ -14,8 +14,8 @@ from typing import IO, Any, Dict, List, Optional
 
 from ..log import files as log_files
 from ..log.files import EPOCHS_DONE, ITERATION, RESERVED_NAMES, RUN
-from .base import Extension
 from ..log.records import plain_value
+from .base import Extension
 
 __all__ = ["CSVLog", "JSONLinesLog"]
 
@@ -34,7 +34,7 @@ class _LogFileWriter(Extension):
 
     def __init__(
         self,
-        path: "os.PathLike[str] | str",
+        path: os.PathLike[str] | str,
         *,
         fsync: bool = False,
         name: Optional[str] = None,
@@ -91,9 +91,11 @@ class _LogFileWriter(Extension):
         self._flush()
 
     def _catch_up(self, contents: log_files.LogFileContents) -> None:
-        """Write the rows before the resumed checkpoint that the file lacks, from the
-        checkpoint's log: the interrupted process may have been killed after saving the
-        checkpoint but before writing its last rows."""
+        """Write the rows before the resumed checkpoint that the file lacks.
+
+        They come from the checkpoint's log: the interrupted process may have
+        been killed after saving the checkpoint but before writing its last rows.
+        """
         log = self.main_loop.log
         present = {row[ITERATION] for row in log_files.continued_rows(contents)}
         start = self.main_loop.status.iterations_done

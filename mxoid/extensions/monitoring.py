@@ -96,26 +96,31 @@ def _record_names(
 
 
 class _MetricsExtension(Extension):
-    """Shared parts of the monitoring extensions: metrics bound to outputs, record names,
-    the distributed ``reduce`` hook, and validation when the loop attaches the extension."""
+    """Shared parts of the monitoring extensions.
+
+    Metrics bound to outputs, record names, the distributed ``reduce`` hook,
+    and validation when the loop attaches the extension.
+    """
 
     def __init__(self, metrics: MetricsSpec, **kwargs: Any) -> None:
         self._keyed, self._parsed = _parse_metrics(metrics)
         super().__init__(**kwargs)
         self.reduce: Optional[Reducer] = None
 
-    def attach(self, loop: "MainLoop") -> None:
-        """Bind the metrics to the loop's outputs and labels, check them, and ask the loop
-        for the sum over workers in distributed training."""
+    def attach(self, loop: MainLoop) -> None:
+        """Bind the metrics to the loop's outputs and labels, and check them.
+
+        Also ask the loop for the sum over workers in distributed training.
+        """
         super().attach(loop)
         self._bind(loop)
         if self.reduce is None:
             self.reduce = loop.reduction(self)
 
-    def _bind(self, loop: "MainLoop") -> None:
+    def _bind(self, loop: MainLoop) -> None:
         raise NotImplementedError
 
-    def _metrics_on_outputs(self, loop: "MainLoop") -> List[Tuple[str, Metric]]:
+    def _metrics_on_outputs(self, loop: MainLoop) -> List[Tuple[str, Metric]]:
         return _bind_outputs(self._keyed, self._parsed, loop.manager.output_names)
 
 
@@ -204,7 +209,7 @@ class Evaluate(_MetricsExtension):
         self._accumulators: Dict[str, MetricAccumulator] = {}
         self._records: Dict[str, List[str]] = {}
 
-    def _bind(self, loop: "MainLoop") -> None:
+    def _bind(self, loop: MainLoop) -> None:
         bound = self._metrics_on_outputs(loop)
         single = len(loop.manager.output_names) == 1
         self._accumulators, self._records = {}, {}
@@ -306,7 +311,7 @@ class TrainingMonitoring(_MetricsExtension):
         self.accumulator: Optional[MetricAccumulator] = None
         self._records: List[str] = []
 
-    def _bind(self, loop: "MainLoop") -> None:
+    def _bind(self, loop: MainLoop) -> None:
         bound = self._metrics_on_outputs(loop)
         self._records = _record_names("train", bound, len(loop.manager.output_names) == 1)
         try:
@@ -320,10 +325,11 @@ class TrainingMonitoring(_MetricsExtension):
         super().after_batch(batch)
 
     def state_dict(self) -> Dict[str, Any]:
-        """The running sums since the last write, so a resumed run writes the same records."""
+        """Return the running sums since the last write: a resumed run writes the same records."""
         return self.accumulator.state_dict()
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore the running sums that :meth:`state_dict` returned."""
         self.accumulator.load_state_dict(state)
 
     def do(self, which_callback: str, *args: Any) -> None:

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from typing import IO, Any, Dict, Optional
 
-import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
@@ -64,6 +62,7 @@ class Printing(Extension):
         super().__init__(**kwargs)
 
     def do(self, which_callback: str, *args: Any) -> None:
+        """Print the report: the hook's header, the loop status and the current row's records."""
         status = self.main_loop.status
         row = self.main_loop.log.get(status.iterations_done, {})
         lines = [RULE, HEADERS[which_callback], RULE, "Training status:"]
@@ -124,27 +123,37 @@ class ProgressBar(Extension):
         self._epoch_length: Optional[int] = None
 
     def before_epoch(self) -> None:
+        """Open a new bar for the epoch, closing the previous one."""
         self._open(initial=0)
 
     def after_batch(self, batch: Any) -> None:
+        """Advance the bar by one batch and show the row's numeric records beside it.
+
+        A run resumed in the middle of an epoch opens its bar here, at the
+        batches already done in the epoch.
+        """
         if self.bar is None:  # resumed in the middle of an epoch
             self._open(initial=self.main_loop.status.iterations_done_in_epoch - 1)
         self._show_records()
         self.bar.update(1)
 
     def after_epoch(self) -> None:
+        """Note the epoch's length for the next bar, show the last records, close the bar."""
         self._epoch_length = self.main_loop.status.iterations_done_in_epoch
         if self.bar is not None:
             self._show_records()
         self._close()
 
     def after_training(self) -> None:
+        """Close the bar."""
         self._close()
 
     def on_interrupt(self) -> None:
+        """Close the bar."""
         self._close()
 
     def on_error(self, exception: BaseException) -> None:
+        """Close the bar."""
         self._close()
 
     def _open(self, initial: int) -> None:

@@ -20,9 +20,8 @@ from ..checkpoint import (
     remove_checkpoint,
     write_checkpoint,
 )
-from ..log.records import CHECKPOINT_SAVED_TO, NAN_DETECTED
+from ..log.records import CHECKPOINT_SAVED_TO, MISSING, NAN_DETECTED, RecordReader, to_float
 from .base import Extension
-from ..log.records import MISSING, RecordReader, to_float
 from .selection import BestValue
 
 __all__ = ["Checkpoint"]
@@ -120,7 +119,7 @@ class Checkpoint(Extension):
 
     def __init__(
         self,
-        directory: "os.PathLike[str] | str",
+        directory: os.PathLike[str] | str,
         every_n_epochs: Optional[int] = 1,
         every_n_batches: Optional[int] = None,
         keep_last: Optional[int] = 3,
@@ -179,10 +178,22 @@ class Checkpoint(Extension):
         return self.best.value
 
     def before_training(self) -> None:
+        """Lock the directory and tidy it; refuse it if it holds another run's checkpoints.
+
+        Tidying removes what interrupted writes left. Another run's checkpoints
+        are refused only with ``require_empty`` (the default). Then the
+        ``before_training`` conditions fire.
+        """
         self._start()
         super().before_training()
 
     def on_resumption(self) -> None:
+        """Lock the directory and tidy it; refuse it if it holds another run's checkpoints.
+
+        Tidying removes what interrupted writes left. Another run's checkpoints
+        are refused only with ``require_empty`` (the default). Then the
+        ``on_resumption`` conditions fire.
+        """
         self._start()
         super().on_resumption()
 
@@ -217,25 +228,38 @@ class Checkpoint(Extension):
         return [path for path in folders if self._run_of(path) != mine]
 
     def after_training(self) -> None:
+        """Fire the ``after_training`` conditions (a save, by default), then release the lock."""
         try:
             super().after_training()
         finally:
             self._lock.release()
 
     def on_error(self, exception: BaseException) -> None:
+        """Release the directory's lock."""
         self._lock.release()
 
     # --------------------------------------------------------------- firing
     def do(self, which_callback: str, *args: Any) -> None:
+        """Save a checkpoint (see :meth:`save`)."""
         self.save()
 
     def after_batch(self, batch: Any) -> None:
+        """Fire the ``after_batch`` conditions; save ``best`` when ``save_best_of`` improved.
+
+        A new value of ``save_best_of`` is taken first, so a checkpoint saved
+        by the conditions already knows the new best.
+        """
         improved = self._note_best()
         super().after_batch(batch)
         if improved:
             self._save_best()
 
     def after_epoch(self) -> None:
+        """Fire the ``after_epoch`` conditions; save ``best`` when ``save_best_of`` improved.
+
+        A new value of ``save_best_of`` is taken first, so a checkpoint saved
+        by the conditions already knows the new best.
+        """
         improved = self._note_best()
         super().after_epoch()
         if improved:
@@ -274,8 +298,11 @@ class Checkpoint(Extension):
         return path
 
     def _write(self, path: str, sequence: Optional[int], record: Optional[str]) -> None:
-        """Write the loop's state to ``path``; the row's ``record`` holds ``path`` in the saved
-        log, and stays in the live log only when the write succeeded."""
+        """Write the loop's state to ``path``.
+
+        The row's ``record`` holds ``path`` in the saved log, and stays in the
+        live log only when the write succeeded.
+        """
         loop = self.main_loop
         status = loop.status
         row = loop.log.current_row
@@ -346,6 +373,10 @@ class Checkpoint(Extension):
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> Dict[str, Any]:
+        """Return the sequence number, the best value, the last save and its counters.
+
+        The row last checked for ``save_best_of`` is part of it too.
+        """
         reader = self._best_reader
         return {
             "sequence": self.sequence,
@@ -356,6 +387,7 @@ class Checkpoint(Extension):
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (or a checkpoint of mxoid 0.1 holds)."""
         self.sequence = state["sequence"]
         if "best" in state:
             self.best.load_state_dict(state["best"])

@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional
 
-from .base import Extension
 from ..log.records import MISSING, RecordReader, to_float
+from .base import Extension
 
 __all__ = ["BestValue", "TrackBest"]
 
@@ -48,7 +48,7 @@ class BestValue:
         self.iteration: Optional[int] = None
 
     def improves(self, value: float) -> bool:
-        """True when ``value`` beats the best by more than ``min_delta``."""
+        """Return True when ``value`` beats the best by more than ``min_delta``."""
         if math.isnan(value):
             return False
         if self.value is None:
@@ -119,6 +119,10 @@ class TrackBest(Extension):
         super().__init__(**kwargs)
 
     def do(self, which_callback: str, *args: Any) -> None:
+        """Take a new value of the record, if any, and write the best so far into the row.
+
+        ``<record>_new_best`` is written too when the value improved on the best.
+        """
         log = self.main_loop.log
         value = self.reader.read(log)
         if value is MISSING:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 import mxnet as mx
 import numpy as np
 
-from .base import Extension
 from ..log.records import MISSING, NAN_DETECTED, RecordReader, plain_value, to_float
+from .base import Extension
 from .selection import BestValue
 
 __all__ = ["EarlyStopping", "FinishAfter", "NaNGuard"]
@@ -88,6 +88,7 @@ class FinishAfter(Extension):
         return self._seconds_before + running
 
     def do(self, which_callback: str, *args: Any) -> None:
+        """Request a stop when a limit is reached; start the clock when training (re)starts."""
         if which_callback in ("before_training", "on_resumption"):
             self._started = time.monotonic()
         status = self.main_loop.status
@@ -173,6 +174,7 @@ class EarlyStopping(Extension):
         super().__init__(**kwargs)
 
     def do(self, which_callback: str, *args: Any) -> None:
+        """Compare a new value of the record with the best; stop when patience runs out."""
         log = self.main_loop.log
         value = self.reader.read(log)
         if value is not MISSING:
@@ -261,6 +263,7 @@ class NaNGuard(Extension):
         super().__init__(**kwargs)
 
     def do(self, which_callback: str, *args: Any) -> None:
+        """Check the records' new values, then the parameters; stop at the first non-finite one."""
         log = self.main_loop.log
         for reader in self.readers:
             value = reader.read(log)

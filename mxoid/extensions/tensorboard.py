@@ -8,8 +8,8 @@ import os
 import time
 from typing import Any, Dict, Optional, Sequence, Set
 
-from .base import Extension
 from ..log.records import plain_value
+from .base import Extension
 
 __all__ = ["TENSORBOARD_EXTRA", "TensorBoard"]
 
@@ -80,7 +80,7 @@ class TensorBoard(Extension):
 
     def __init__(
         self,
-        logdir: "os.PathLike[str] | str",
+        logdir: os.PathLike[str] | str,
         records: Optional[Sequence[str]] = None,
         *,
         flush_secs: float = 30,
@@ -108,12 +108,15 @@ class TensorBoard(Extension):
 
     # ------------------------------------------------------------------ hooks
     def before_training(self) -> None:
+        """Start a new event file."""
         self._open(purge_step=None)
 
     def on_resumption(self) -> None:
+        """Start a new event file, beginning with a restart marker at the resumed iteration."""
         self._open(purge_step=self.main_loop.status.iterations_done)
 
     def after_batch(self, batch: Any) -> None:
+        """Write the rows before the current one, and flush if ``flush_secs`` have passed."""
         done = self.main_loop.status.iterations_done
         if done > self._next_row:
             self._write_rows(until=done)
@@ -121,16 +124,20 @@ class TensorBoard(Extension):
             self._flush()
 
     def after_epoch(self) -> None:
+        """Write the rows up to the current one (which may still get records), and flush."""
         self._write_rows(until=self.main_loop.status.iterations_done + 1, partial=True)
         self._flush()
 
     def on_interrupt(self) -> None:
+        """Flush the event file."""
         self._flush()
 
     def after_training(self) -> None:
+        """Write the rows not yet written, and close the event file."""
         self._finish()
 
     def on_error(self, exception: BaseException) -> None:
+        """Write the rows not yet written, and close the event file."""
         self._finish()
 
     # ---------------------------------------------------------------- writing
@@ -155,8 +162,11 @@ class TensorBoard(Extension):
         self._written = set()
 
     def _write_rows(self, until: int, partial: bool = False) -> None:
-        """Write rows ``_next_row`` to ``until - 1``; with ``partial``, the last of them
-        may still get records, so it stays the next row."""
+        """Write rows ``_next_row`` to ``until - 1``.
+
+        With ``partial``, the last of them may still get records, so it stays
+        the next row.
+        """
         if self.writer is None:
             return
         log = self.main_loop.log
@@ -208,7 +218,7 @@ class TensorBoard(Extension):
 
 
 def _number(value: Any) -> Optional[float]:
-    """The record as a float when it holds one number (not a bool), else None."""
+    """Return the record as a float when it holds one number (not a bool), else None."""
     if isinstance(value, (str, bool)) or value is None:
         return None
     value = plain_value(value)

@@ -65,14 +65,20 @@ class Timing(Extension):
         self._last_write: Tuple[float, int] = (0.0, 0)
 
     def before_training(self) -> None:
+        """Wait for the engine and start the clocks, then fire the conditions."""
         self._start(0.0)
         super().before_training()
 
     def on_resumption(self) -> None:
+        """Wait for the engine and start the clocks, then fire the conditions.
+
+        ``time_total`` goes on from the newest ``time_total`` in the log.
+        """
         self._start(float(self.main_loop.log.last(TIME_TOTAL, 0.0)))
         super().on_resumption()
 
     def before_epoch(self) -> None:
+        """Note when the epoch starts (without waiting for the engine), then fire the conditions."""
         # No wait: the previous write (at the end of the last epoch) already waited.
         now = perf_counter()
         self._epoch_start = self._last_write = (now, self.main_loop.status.iterations_done)
@@ -86,6 +92,7 @@ class Timing(Extension):
         self._epoch_start = self._last_write = (self._started, iterations)
 
     def do(self, which_callback: str, *args: Any) -> None:
+        """Wait for the engine, read the clock and write the timing records into the row."""
         self.main_loop.synchronize()
         now = perf_counter()
         iterations = self.main_loop.status.iterations_done

@@ -83,10 +83,12 @@ class LearningRateSchedule(Extension):
         super().__init__(**kwargs)
 
     def before_training(self) -> None:
+        """Check that the rate set here reaches the optimizer, then fire the conditions."""
         self._check_optimizer()
         super().before_training()
 
     def on_resumption(self) -> None:
+        """Check that the rate set here reaches the optimizer, then fire the conditions."""
         self._check_optimizer()
         super().on_resumption()
 
@@ -120,6 +122,7 @@ class LearningRateSchedule(Extension):
         return rate
 
     def do(self, which_callback: str, *args: Any) -> None:
+        """Set the optimizer's rate from the schedule; record it when it changed."""
         rate = self.current_rate()
         self.main_loop.optimizer.set_learning_rate(rate)
         if rate != self._recorded:

@@ -1,11 +1,11 @@
-"""Log files of :class:`~mxoid.extensions.JSONLinesLog` and :class:`~mxoid.extensions.CSVLog`.
+r"""Log files of :class:`~mxoid.extensions.JSONLinesLog` and :class:`~mxoid.extensions.CSVLog`.
 
 This module is the one place that knows their format: how values are
 written (:func:`encode_json_value`, :func:`encode_csv_cell`) and how files
 are read back (:func:`read_log`, :func:`parse_log_file`).
 
 JSON lines (``.jsonl``)
-    One JSON object per line, UTF-8, each line ended by ``\\n``. Each run
+    One JSON object per line, UTF-8, each line ended by ``\n``. Each run
     starts with a header line ``{"run": k, "started": "<ISO 8601 local time
     with offset>", "start_iteration": n}`` (runs numbered from 1; ``n`` is
     the iteration training started or resumed at). Each log row follows as
@@ -16,7 +16,7 @@ JSON lines (``.jsonl``)
 CSV (``.csv``)
     A single header line ``run,iteration,epochs_done,<records in the order
     they first appeared>``, then one line per log row, lines ended by
-    ``\\n``. An empty cell means the row has no such record (a ``None``
+    ``\n``. An empty cell means the row has no such record (a ``None``
     value is written empty too). Floats are written as Python's ``repr``
     (``nan``, ``inf``, ``-inf`` included), ints as digits, booleans as
     ``True``/``False``, lists as JSON text, strings as they are (quoted by
@@ -27,7 +27,7 @@ CSV (``.csv``)
 In both formats a row is an iteration of :class:`~mxoid.log.TrainingLog`
 (``epochs_done`` as it stood when the row was complete), written once
 complete and flushed, so a crash loses at most the current row. A last
-line without its ``\\n`` is a torn write: readers ignore it and writers
+line without its ``\n`` is a torn write: readers ignore it and writers
 cut it off before they append.
 """
 
@@ -144,7 +144,7 @@ def _decode_csv_cell(cell: str) -> Any:
     return cell
 
 
-def read_log(path: "os.PathLike[str] | str", all_runs: bool = False) -> List[Dict[str, Any]]:
+def read_log(path: os.PathLike[str] | str, all_runs: bool = False) -> List[Dict[str, Any]]:
     """Return the rows of a log file, oldest first, as dicts.
 
     Each row holds ``iteration``, ``epochs_done`` and its records, with the
@@ -173,8 +173,8 @@ def read_log(path: "os.PathLike[str] | str", all_runs: bool = False) -> List[Dic
     return [{k: v for k, v in row.items() if k != RUN} for row in continued_rows(contents)]
 
 
-def _runs(contents: "LogFileContents") -> List[List[Dict[str, Any]]]:
-    """The rows of each run, in file order (a run's rows are contiguous)."""
+def _runs(contents: LogFileContents) -> List[List[Dict[str, Any]]]:
+    """Return the rows of each run, in file order (a run's rows are contiguous)."""
     runs: List[List[Dict[str, Any]]] = []
     for row in contents.rows:
         if not runs or runs[-1][0][RUN] != row[RUN]:
@@ -188,11 +188,13 @@ def _resumed_at(run: List[Dict[str, Any]]) -> Optional[int]:
     return first[ITERATION] if RESUMED_FROM in first else None
 
 
-def continued_rows(contents: "LogFileContents", last: Optional[int] = None) -> List[Dict[str, Any]]:
-    """The rows of one training: the last run (or run number ``last``) with the runs it resumed.
+def continued_rows(contents: LogFileContents, last: Optional[int] = None) -> List[Dict[str, Any]]:
+    """Return the rows of one training.
 
-    A resumed run supersedes the rows of the run before it from its first
-    iteration on; rows come out by iteration, each with its ``run`` number.
+    The training is the last run (or run number ``last``) with the runs it
+    resumed. A resumed run supersedes the rows of the run before it from its
+    first iteration on; rows come out by iteration, each with its ``run``
+    number.
     """
     runs = _runs(contents)
     if last is not None:
@@ -211,7 +213,7 @@ def continued_rows(contents: "LogFileContents", last: Optional[int] = None) -> L
     return sorted(rows, key=lambda row: row[ITERATION])
 
 
-def parse_log_file(path: "os.PathLike[str] | str") -> LogFileContents:
+def parse_log_file(path: os.PathLike[str] | str) -> LogFileContents:
     """Read a whole log file; a missing or empty file is an error (see :func:`read_log`)."""
     path = os.fspath(path)
     try:

@@ -74,7 +74,7 @@ class RecordReader:
         self.checked_iteration: Optional[int] = None
         self._warned = False
 
-    def read(self, log: "TrainingLog") -> Any:
+    def read(self, log: TrainingLog) -> Any:
         """Return the new value of the record, or :data:`MISSING`; never creates a row.
 
         The first time it is read after an epoch has ended without the record
@@ -91,7 +91,7 @@ class RecordReader:
         self.checked_iteration = iteration
         return log.last(self.name)
 
-    def _warn_missing(self, log: "TrainingLog") -> None:
+    def _warn_missing(self, log: TrainingLog) -> None:
         self._warned = True
         names = log.record_names()
         close = difflib.get_close_matches(self.name, names, n=3, cutoff=0.6)

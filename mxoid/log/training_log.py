@@ -65,6 +65,7 @@ class TrainingLog(Mapping):
         return iteration in self._rows
 
     def get(self, iteration: int, default: Any = None) -> Any:
+        """Return the row of ``iteration``, or ``default`` when there is none (none is created)."""
         return self._rows.get(iteration, default)
 
     def row(self, iteration: int) -> Dict[str, Any]:
@@ -107,8 +108,11 @@ class TrainingLog(Mapping):
         return None if found is None else found[0]
 
     def remove_record(self, iteration: int, name: str) -> None:
-        """Delete record ``name`` from the row of ``iteration`` (an undo: e.g. a checkpoint
-        whose write failed takes back its ``checkpoint_saved_to``)."""
+        """Delete record ``name`` from the row of ``iteration``.
+
+        It is an undo: e.g. a checkpoint whose write failed takes back its
+        ``checkpoint_saved_to``.
+        """
         row = self._rows.get(iteration)
         if row is None or name not in row:
             return
@@ -122,8 +126,11 @@ class TrainingLog(Mapping):
                     break
 
     def epochs_done_at(self, iteration: int) -> int:
-        """Epochs done when the row of ``iteration`` was complete: the epochs that ended at or
-        before it (``status.epochs_done`` as it stood then)."""
+        """Return the epochs done when the row of ``iteration`` was complete.
+
+        They are the epochs that ended at or before it (``status.epochs_done``
+        as it stood then).
+        """
         return bisect.bisect_right(self.epoch_ends, iteration)
 
     def record_names(self) -> List[str]:

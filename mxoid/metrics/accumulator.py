@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["MetricAccumulator", "Reducer"]
 
 Reducer = Callable[[np.ndarray], np.ndarray]
-"""Maps the ``(metrics, 2)`` array of ``(sum, count)`` rows to the same, e.g. summed over workers."""
+"""Maps the ``(metrics, 2)`` array of ``(sum, count)`` rows to the same, e.g. summed over
+workers."""
 
 _CACHED_OP_FLAGS = [("static_alloc", True), ("static_shape", True)]
 
@@ -57,7 +58,7 @@ class MetricAccumulator:
     """
 
     def __init__(
-        self, manager: "DataParallelExecutorManager", metrics: Sequence[Tuple[str, Metric]]
+        self, manager: DataParallelExecutorManager, metrics: Sequence[Tuple[str, Metric]]
     ) -> None:
         self.manager = manager
         self.metrics: List[Metric] = []

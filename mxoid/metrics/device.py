@@ -73,6 +73,13 @@ def _accuracy(
 
 
 def top_k_accuracy(k: int) -> PerRow:
+    """Return the :data:`PerRow` function of metric ``top_k_accuracy_<k>``.
+
+    A row counts 1 when its label is among its ``k`` best scores. The scores
+    must have shape ``(rows, classes >= k)``, with one label per row (the
+    function raises ``ValueError`` otherwise).
+    """
+
     def per_row(
         pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
     ) -> Tuple[mx.sym.Symbol, int]:

@@ -66,8 +66,11 @@ class HostMetric:
         self._count += len(label)
 
     def totals(self) -> Tuple[float, float]:
-        """Return ``(sum, count)``: the EvalMetric's ``(sum_metric, num_inst)``, or the
-        function's values times rows and the rows."""
+        """Return ``(sum, count)``.
+
+        They are the EvalMetric's ``(sum_metric, num_inst)``, or the function's
+        values times rows and the rows.
+        """
         if isinstance(self.metric, mx.metric.EvalMetric):
             return float(self.metric.sum_metric), float(self.metric.num_inst)
         return self._total, self._count

@@ -93,7 +93,10 @@ class Job:
 
 
 def run_job(tmp_path, command, workers=2, servers=1, timeout=90, grace=1.0, **options):
-    """Run ``command`` with ``mxoid.distributed.launch.launch`` in this process; output goes to files."""
+    """Run ``command`` with ``mxoid.distributed.launch.launch`` in this process.
+
+    Output goes to files.
+    """
     out_path, err_path = tmp_path / "launch.out", tmp_path / "launch.err"
     start = time.monotonic()
     with open(out_path, "wb") as out, open(err_path, "wb") as err, alarm(int(timeout + 60)):

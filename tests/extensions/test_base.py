@@ -2,11 +2,10 @@
 OnLogRecord, attach."""
 
 import pytest
+from scripted import Script, small_loop
 
 from mxoid import Extension, FinishAfter, OnLogRecord, TrackBest
 from mxoid.extensions import FIRING_KEYWORDS, HOOKS
-
-from scripted import Script, small_loop
 
 
 class OverridesAfterEpoch(Extension):

@@ -10,11 +10,10 @@ import sys
 import mxnet as mx
 import numpy as np
 import pytest
+from scripted import Script, small_loop
 
 from mxoid import CSVLog, Extension, FinishAfter, JSONLinesLog, read_log
 from mxoid.log.records import plain_value
-
-from scripted import Script, small_loop
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))

@@ -5,12 +5,11 @@ import logging
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import TWO_CPUS, classification_data, initial_params, mlp, two_heads
 
 from mxoid import Extension, FinishAfter, MainLoop
 from mxoid.extensions.monitoring import Evaluate, TrainingMonitoring
 from mxoid.metrics import DeviceMetric, HostMetric, MetricAccumulator, create_metrics
-
-from conftest import TWO_CPUS, classification_data, initial_params, mlp, two_heads
 
 LEARNING = {"learning_rate": 0.05, "momentum": 0.9}
 

@@ -5,11 +5,10 @@ import io
 import mxnet as mx
 import numpy as np
 import pytest
+from scripted import Script, small_loop
 
 from mxoid import FinishAfter, Printing, ProgressBar
 from mxoid.checkpoint.data_position import batches_per_epoch
-
-from scripted import Script, small_loop
 
 
 def test_printing_reports_status_and_records_after_each_epoch_and_at_the_end(capsys):
@@ -98,8 +97,9 @@ def test_batches_per_epoch_from_the_iterator():
 
 def test_printing_reports_a_resumption(tmp_path, capsys):
     import mxnet as mx
-    from mxoid import Checkpoint, FinishAfter, MainLoop, Printing
     from conftest import classification_data, mlp
+
+    from mxoid import Checkpoint, FinishAfter, MainLoop, Printing
 
     X, y = classification_data(n=40)
 

@@ -6,12 +6,11 @@ import time
 import mxnet as mx
 import numpy as np
 import pytest
+from scripted import Script, small_loop
 
 from mxoid import EarlyStopping, Extension, FinishAfter, NaNGuard, TrackBest
 from mxoid.checkpoint import latest_checkpoint
 from mxoid.extensions import Checkpoint
-
-from scripted import Script, small_loop
 
 NAN = float("nan")
 

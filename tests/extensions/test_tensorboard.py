@@ -5,17 +5,16 @@ import sys
 import mxnet as mx
 import numpy as np
 import pytest
-
-from mxoid import Checkpoint, Evaluate, Extension, FinishAfter, TrainingMonitoring
-from mxoid.extensions import TensorBoard
-from mxoid.log.records import plain_value
-from mxoid.extensions.tensorboard import TENSORBOARD_EXTRA
-
 from conftest import classification_data
 from scripted import small_loop
 
 # TensorBoard's own reader (the 'tensorboard' package, in the test extra).
 from tensorboard.backend.event_processing import event_accumulator
+
+from mxoid import Checkpoint, Evaluate, Extension, FinishAfter, TrainingMonitoring
+from mxoid.extensions import TensorBoard
+from mxoid.extensions.tensorboard import TENSORBOARD_EXTRA
+from mxoid.log.records import plain_value
 
 
 class Records(Extension):

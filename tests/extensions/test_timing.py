@@ -4,10 +4,9 @@ import time
 
 import mxnet as mx
 import pytest
+from scripted import small_loop
 
 from mxoid import Extension, FinishAfter, Timing
-
-from scripted import small_loop
 
 SLEEP = 0.01
 

@@ -3,11 +3,10 @@
 import mxnet as mx
 import numpy as np
 import pytest
-
-from mxoid import FinishAfter, LearningRateSchedule
-
 from conftest import TWO_CPUS
 from scripted import small_loop
+
+from mxoid import FinishAfter, LearningRateSchedule
 
 UPDATE_PATHS = [
     pytest.param([mx.cpu()], "local", None, id="one-device-local-updater"),
