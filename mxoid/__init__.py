@@ -12,7 +12,7 @@ import importlib.util
 import sys
 import warnings
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 __version__ = "0.1.0"
 
@@ -58,17 +58,28 @@ MOVED = {
 as a module of its own, for ``python -m mxoid.launch``)."""
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mxoid' has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
+def lazy_exports(package: str, exports: Dict[str, str]) -> Tuple[Any, Any]:
+    """Return ``__getattr__`` and ``__dir__`` for a package whose names are imported on use.
+
+    ``exports`` maps each public name to the submodule (relative to ``package``) defining it.
+    """
+    module = sys.modules[package]
+
+    def getattr_(name: str) -> Any:
+        where = exports.get(name)
+        if where is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(import_module(f".{where}", package), name)
+        setattr(module, name, value)
+        return value
+
+    def dir_() -> List[str]:
+        return sorted(set(vars(module)) | set(exports))
+
+    return getattr_, dir_
 
 
-def __dir__() -> List[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):

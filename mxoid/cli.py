@@ -182,6 +182,7 @@ def metric_families(records: Sequence[str]) -> Dict[str, List[Tuple[str, str]]]:
 
     Examples
     --------
+    >>> from mxoid.cli import metric_families
     >>> families = metric_families(["train_accuracy", "valid_accuracy", "learning_rate"])
     >>> families["accuracy"]
     [('train', 'train_accuracy'), ('valid', 'valid_accuracy')]

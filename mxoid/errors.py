@@ -30,6 +30,7 @@ def clean_mxnet_message(error: BaseException | str) -> str:
 
     Examples
     --------
+    >>> from mxoid.errors import clean_mxnet_message
     >>> clean_mxnet_message(
     ...     "[17:01:02] src/c_api.cc:12: Error in operator fc: bad shape\n"
     ...     "Stack trace:\n  [bt] (0) ..."

@@ -183,10 +183,12 @@ class DataParallelExecutorManager:
 
     Examples
     --------
-    >>> manager = DataParallelExecutorManager(net, [mx.cpu(0), mx.cpu(1)],
-    ...                                       it.provide_data, it.provide_label)
-    >>> manager.set_params(arg_params, aux_params)
-    >>> manager.load_data_batch(next(it)); manager.forward(is_train=True); manager.backward()
+    .. code-block:: python
+
+        manager = DataParallelExecutorManager(net, [mx.cpu(0), mx.cpu(1)],
+                                              it.provide_data, it.provide_label)
+        manager.set_params(arg_params, aux_params)
+        manager.load_data_batch(next(it)); manager.forward(is_train=True); manager.backward()
     """
 
     def __init__(

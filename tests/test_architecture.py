@@ -56,7 +56,12 @@ def imports(path):
             targets = [base] + [f"{base}.{alias.name}" for alias in node.names]
         elif isinstance(node, ast.Import):
             targets = [alias.name for alias in node.names]
-        found = {t for t in targets if t.startswith("mxoid") and _is_module(t)}
+        # A module's own packages are imported before it anyway: no edge.
+        found = {
+            t
+            for t in targets
+            if t.startswith("mxoid") and _is_module(t) and not name.startswith(t + ".")
+        }
         (type_only if id(node) in type_only_nodes else runtime).update(found)
     return runtime - {name}, type_only - {name}
 
@@ -144,3 +149,10 @@ def test_python_dash_m_mxoid_launch_still_runs():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         from mxoid.launch import main  # noqa: F401  (no warning: a module of its own)
+
+
+@pytest.mark.parametrize("module", ["mxoid.cli", "mxoid.distributed.launch", "mxoid.log"])
+def test_the_command_and_the_launcher_start_without_loading_mxnet(module):
+    code = f"import sys, {module}; print('mxnet' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr

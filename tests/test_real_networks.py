@@ -353,19 +353,3 @@ def test_resumption_is_bit_identical(tmp_path, name, devices, where):
     assert_same(full_params[1], resumed_params[1])
     assert comparable_rows(full) == comparable_rows(resumed)
     assert "train_cross_entropy" in resumed.log[9] and "valid_accuracy" in resumed.log[12]
-
-
-def test_status_is_a_read_only_mapping():
-    import json
-
-    loop = make_loop("dropout", [mx.cpu()], [FinishAfter(after_n_batches=2)]).run()
-    status = loop.status
-    as_dict = dict(status)
-    assert as_dict["iterations_done"] == status.iterations_done == status["iterations_done"] == 2
-    assert list(status.keys()) == list(as_dict) and len(status) == len(as_dict)
-    assert dict(status.items()) == as_dict and "epochs_done" in status
-    assert json.loads(json.dumps(dict(status))) == as_dict
-    with pytest.raises(KeyError):
-        status["no_such_counter"]
-    with pytest.raises(TypeError):
-        status["iterations_done"] = 5

@@ -197,13 +197,7 @@ class DirectoryLock:
             os.makedirs(self.directory, exist_ok=True)
             descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as error:
-            raise CheckpointError(
-                CANNOT_WRITE.format(
-                    path=self.directory,
-                    cause=f"{error.strerror} ({error.filename})",
-                    fix="make it writable, or point Checkpoint at another folder",
-                )
-            ) from None
+            raise self._unwritable(error) from None
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -219,14 +213,17 @@ class DirectoryLock:
             os.rmdir(probe)
         except OSError as error:
             os.close(descriptor)
-            raise CheckpointError(
-                CANNOT_WRITE.format(
-                    path=self.directory,
-                    cause=f"{error.strerror} ({error.filename or self.path})",
-                    fix="make it writable, or point Checkpoint at another folder",
-                )
-            ) from None
+            raise self._unwritable(error) from None
         self._descriptor = descriptor
+
+    def _unwritable(self, error: OSError) -> CheckpointError:
+        return CheckpointError(
+            CANNOT_WRITE.format(
+                path=self.directory,
+                cause=f"{error.strerror} ({error.filename or self.path})",
+                fix="make it writable, or point Checkpoint at another folder",
+            )
+        )
 
     def release(self) -> None:
         """Release the lock, if held."""

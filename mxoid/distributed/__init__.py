@@ -11,8 +11,7 @@
 The names are imported on first use, so that ``mxoid launch`` starts without loading MXNet.
 """
 
-from importlib import import_module
-from typing import Any, List
+from .. import lazy_exports
 
 _EXPORTS = {
     "MERGED": "servers",
@@ -34,14 +33,4 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'mxoid.distributed' has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> List[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

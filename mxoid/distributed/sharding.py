@@ -96,9 +96,11 @@ def shard(
 
     Examples
     --------
-    >>> kv = mx.kv.create("dist_sync")
-    >>> train = shard(X, y, kvstore=kv, batch_size=32, label_name="softmax_label")
-    >>> MainLoop(net, train, kvstore=kv, extensions=[FinishAfter(after_n_epochs=5)]).run()
+    .. code-block:: python
+
+        kv = mx.kv.create("dist_sync")
+        train = shard(X, y, kvstore=kv, batch_size=32, label_name="softmax_label")
+        MainLoop(net, train, kvstore=kv, extensions=[FinishAfter(after_n_epochs=5)]).run()
     """
     label = None if label is None else shard_arrays(label, kvstore)
     return mx.io.NDArrayIter(

@@ -127,7 +127,9 @@ def allreduce_sums(kvstore: Optional[mx.kv.KVStore], name: str, values: Any) -> 
 
     Examples
     --------
-    >>> loss_sum, count = allreduce_sums(loop.kvstore, "valid_loss", [loss_sum, count])
+    .. code-block:: python
+
+        loss_sum, count = allreduce_sums(loop.kvstore, "valid_loss", [loss_sum, count])
     """
     return allgather(kvstore, name, values).sum(axis=0)
 

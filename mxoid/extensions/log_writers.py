@@ -184,7 +184,8 @@ class JSONLinesLog(_LogFileWriter):
 
     Examples
     --------
-    >>> JSONLinesLog("run/log.jsonl")
+    >>> from mxoid import JSONLinesLog
+    >>> writer = JSONLinesLog("run/log.jsonl")  # the file is opened when training starts
     """
 
     def _open(self, contents: Optional[log_files.LogFileContents]) -> None:
@@ -235,7 +236,8 @@ class CSVLog(_LogFileWriter):
 
     Examples
     --------
-    >>> CSVLog("run/log.csv")
+    >>> from mxoid import CSVLog
+    >>> writer = CSVLog("run/log.csv")  # the file is opened when training starts
     """
 
     columns: List[str]

@@ -179,8 +179,10 @@ class Evaluate(_MetricsExtension):
 
     Examples
     --------
-    >>> Evaluate({"valid": valid_iter, "test": test_iter},
-    ...          metrics={"softmax": "acc", "reg": ["mse", "mae"]})
+    .. code-block:: python
+
+        Evaluate({"valid": valid_iter, "test": test_iter},
+                 metrics={"softmax": "acc", "reg": ["mse", "mae"]})
     """
 
     def __init__(
@@ -300,7 +302,10 @@ class TrainingMonitoring(_MetricsExtension):
 
     Examples
     --------
-    >>> TrainingMonitoring({"softmax": ["acc", "ce"]}, every_n_batches=100)
+    .. code-block:: python
+
+        from mxoid import TrainingMonitoring
+        monitoring = TrainingMonitoring({"softmax": ["acc", "ce"]}, every_n_batches=100)
     """
 
     def __init__(

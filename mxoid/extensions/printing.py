@@ -48,7 +48,8 @@ class Printing(Extension):
 
     Examples
     --------
-    >>> Printing(every_n_batches=500)
+    >>> from mxoid import Printing
+    >>> report = Printing(every_n_batches=500)
     """
 
     rank_zero_only = True
@@ -100,8 +101,9 @@ class ProgressBar(Extension):
 
     Examples
     --------
-    >>> ProgressBar()                # on a terminal only
-    >>> ProgressBar(disable=False)   # always
+    >>> from mxoid import ProgressBar
+    >>> bar = ProgressBar()                # on a terminal only
+    >>> bar = ProgressBar(disable=False)   # always
     """
 
     rank_zero_only = True

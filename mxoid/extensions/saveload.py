@@ -110,9 +110,11 @@ class Checkpoint(Extension):
 
     Examples
     --------
-    >>> loop = MainLoop(net, train, extensions=[FinishAfter(after_n_epochs=20),
-    ...                 Checkpoint("runs/mlp", every_n_batches=500)],
-    ...                 resume_from="runs/mlp")
+    .. code-block:: python
+
+        loop = MainLoop(net, train, extensions=[FinishAfter(after_n_epochs=20),
+                        Checkpoint("runs/mlp", every_n_batches=500)],
+                        resume_from="runs/mlp")
     """
 
     rank_zero_only = True

@@ -104,7 +104,10 @@ class TrackBest(Extension):
 
     Examples
     --------
-    >>> TrackBest("valid_accuracy", mode="max")
+    >>> from mxoid import TrackBest
+    >>> best = TrackBest("valid_accuracy", mode="max")
+    >>> best.new_best_name
+    'valid_accuracy_new_best'
     """
 
     def __init__(self, record: str, mode: str = "min", **kwargs: Any) -> None:

@@ -44,8 +44,9 @@ class FinishAfter(Extension):
 
     Examples
     --------
-    >>> MainLoop(net, train_iter, extensions=[FinishAfter(after_n_epochs=10)]).run()
-    >>> FinishAfter(seconds=3600)  # at most an hour
+    >>> from mxoid import FinishAfter
+    >>> ten_epochs = FinishAfter(after_n_epochs=10)
+    >>> an_hour = FinishAfter(seconds=3600)
     """
 
     stops_training = True
@@ -154,7 +155,8 @@ class EarlyStopping(Extension):
 
     Examples
     --------
-    >>> EarlyStopping("valid_accuracy", patience=5, mode="max")
+    >>> from mxoid import EarlyStopping
+    >>> stopper = EarlyStopping("valid_accuracy", patience=5, mode="max")
     """
 
     stops_training = True
@@ -244,7 +246,8 @@ class NaNGuard(Extension):
 
     Examples
     --------
-    >>> NaNGuard("train_cross_entropy", every_n_batches=50)
+    >>> from mxoid import NaNGuard
+    >>> guard = NaNGuard("train_cross_entropy", every_n_batches=50)
     """
 
     stops_training = True

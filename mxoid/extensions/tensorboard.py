@@ -71,9 +71,11 @@ class TensorBoard(Extension):
 
     Examples
     --------
-    >>> MainLoop(net, train, extensions=[FinishAfter(after_n_epochs=10),
-    ...                                  Evaluate({"valid": valid}, "acc"),
-    ...                                  TensorBoard("runs/tb")])
+    .. code-block:: python
+
+        MainLoop(net, train, extensions=[FinishAfter(after_n_epochs=10),
+                                         Evaluate({"valid": valid}, "acc"),
+                                         TensorBoard("runs/tb")])
     """
 
     rank_zero_only = True

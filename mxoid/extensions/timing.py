@@ -52,7 +52,8 @@ class Timing(Extension):
 
     Examples
     --------
-    >>> Timing(every_n_batches=100)
+    >>> from mxoid import Timing
+    >>> timing = Timing(every_n_batches=100)
     """
 
     def __init__(self, **kwargs: Any) -> None:

@@ -63,8 +63,11 @@ class LearningRateSchedule(Extension):
 
     Examples
     --------
-    >>> LearningRateSchedule(mx.lr_scheduler.FactorScheduler(step=500, factor=0.5, base_lr=0.1))
-    >>> LearningRateSchedule(lambda status: 0.1 * 0.9 ** status.epochs_done, every="epoch")
+    >>> import mxnet as mx
+    >>> from mxoid import LearningRateSchedule
+    >>> halving = mx.lr_scheduler.FactorScheduler(step=500, factor=0.5, base_lr=0.1)
+    >>> schedule = LearningRateSchedule(halving)
+    >>> decay = LearningRateSchedule(lambda status: 0.1 * 0.9 ** status.epochs_done, every="epoch")
     """
 
     def __init__(self, schedule: Schedule, every: str = "batch", **kwargs: Any) -> None:

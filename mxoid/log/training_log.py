@@ -32,10 +32,12 @@ class TrainingLog(Mapping):
 
     Examples
     --------
-    >>> loop.log.current_row["my_record"] = 0.5
-    >>> loop.log.last("valid_accuracy")
-    0.97
-    >>> [(i, row["valid_accuracy"]) for i, row in loop.log.items() if "valid_accuracy" in row]
+    .. code-block:: python
+
+        loop.log.current_row["my_record"] = 0.5
+        loop.log.last("valid_accuracy")
+        # -> 0.97
+        [(i, row["valid_accuracy"]) for i, row in loop.log.items() if "valid_accuracy" in row]
     """
 
     def __init__(self, status: Optional[TrainingStatus] = None) -> None:

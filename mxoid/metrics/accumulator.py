@@ -50,11 +50,13 @@ class MetricAccumulator:
 
     Examples
     --------
-    >>> accumulator = MetricAccumulator(manager, [("softmax", m) for m in create_metrics("acc")])
-    >>> for batch in it:
-    ...     manager.load_data_batch(batch); manager.forward(); accumulator.update()
-    >>> accumulator.values()
-    [0.93]
+    .. code-block:: python
+
+        accumulator = MetricAccumulator(manager, [("softmax", m) for m in create_metrics("acc")])
+        for batch in it:
+            manager.load_data_batch(batch); manager.forward(); accumulator.update()
+        accumulator.values()
+        # -> [0.93]
     """
 
     def __init__(

@@ -83,6 +83,8 @@ def create_metrics(metrics: Union[MetricLike, Sequence[MetricLike]]) -> List[Met
 
     Examples
     --------
+    >>> import mxnet as mx
+    >>> from mxoid.metrics import create_metrics
     >>> [m.name for m in create_metrics(["acc", "ce", mx.metric.F1()])]
     ['accuracy', 'cross_entropy', 'f1']
     """

@@ -159,7 +159,9 @@ class DeviceMetric:
     >>> def squared_log_error(pred, label, pred_shape, label_shape):
     ...     diff = mx.sym.log1p(pred) - mx.sym.log1p(mx.sym.reshape(label, shape=pred_shape))
     ...     return mx.sym.sum(mx.sym.square(diff), axis=1), pred_shape[1]
-    >>> Evaluate({"valid": valid_iter}, {"reg": DeviceMetric("msle", squared_log_error)})
+    >>> msle = DeviceMetric("msle", squared_log_error)  # e.g. Evaluate(..., {"reg": msle})
+    >>> msle.name
+    'msle'
     """
 
     def __init__(self, name: str, per_row: PerRow, *, root: bool = False) -> None:

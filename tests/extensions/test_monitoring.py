@@ -1,106 +1,24 @@
 """Evaluate and TrainingMonitoring against NumPy and MXNet's own metrics."""
 
-import logging
-
 import mxnet as mx
 import numpy as np
 import pytest
-from conftest import TWO_CPUS, classification_data, initial_params, mlp, two_heads
+from conftest import TWO_CPUS, mlp
+from monitored import (
+    LEARNING,
+    Check,
+    dataset,
+    iterator,
+    module_accuracy,
+    numpy_metrics,
+    regression_target,
+    two_head_loop,
+)
 
 from mxoid import Extension, FinishAfter, MainLoop
 from mxoid.extensions.monitoring import Evaluate, TrainingMonitoring
-from mxoid.metrics import DeviceMetric, HostMetric, MetricAccumulator, create_metrics
-
-LEARNING = {"learning_rate": 0.05, "momentum": 0.9}
 
 
-def regression_target(X):
-    return (0.5 * X[:, 0] - 0.3 * X[:, 1]).astype("float32")
-
-
-_X, _Y = classification_data(n=300, seed=0)
-SPLITS = {
-    "train": slice(0, 100),
-    "valid": slice(100, 184),
-    "test": slice(184, 244),
-    "other": slice(244, 300),
-}
-
-
-def dataset(split, n=None):
-    """Rows of one split of the same blobs (the first n rows when n is given)."""
-    rows = SPLITS[split]
-    return _X[rows][:n], _Y[rows][:n]
-
-
-def iterator(X, y, batch_size, **kwargs):
-    return mx.io.NDArrayIter(
-        X, {"softmax_label": y, "reg_label": regression_target(X)}, batch_size=batch_size, **kwargs
-    )
-
-
-def numpy_forward(params, X):
-    """The two_heads network by hand: class probabilities and regression output."""
-    p = {k: v.asnumpy().astype("float64") for k, v in params.items()}
-    hidden = np.tanh(X @ p["fc1_weight"].T + p["fc1_bias"])
-    logits = hidden @ p["cls_weight"].T + p["cls_bias"]
-    logits -= logits.max(axis=1, keepdims=True)
-    prob = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
-    return prob, (hidden @ p["regfc_weight"].T + p["regfc_bias"])[:, 0]
-
-
-def numpy_metrics(params, X, y):
-    prob, reg = numpy_forward(params, X)
-    error = regression_target(X) - reg
-    return {
-        "softmax_accuracy": np.mean(prob.argmax(axis=1) == y),
-        "softmax_cross_entropy": np.mean(-np.log(prob[np.arange(len(y)), y.astype(int)] + 1e-12)),
-        "reg_mse": np.mean(error**2),
-        "reg_mae": np.mean(np.abs(error)),
-    }
-
-
-def module_accuracy(params, it):
-    """Module.score's accuracy on the softmax output of two_heads."""
-    module = mx.mod.Module(
-        two_heads(),
-        label_names=["softmax_label", "reg_label"],
-        context=mx.cpu(),
-        logger=logging.getLogger("quiet"),
-    )
-    module.bind(it.provide_data, it.provide_label, for_training=False)
-    module.set_params(params, {})
-    metric = mx.metric.Accuracy(output_names=["softmax_output"], label_names=["softmax_label"])
-    return dict(module.score(it, metric))["accuracy"]
-
-
-def two_head_loop(extensions, train=None):
-    """A loop training two_heads on two CPU contexts (batches of 20 by default)."""
-    if train is None:
-        train = iterator(*dataset("train"), 20)
-    net = two_heads()
-    return MainLoop(
-        net,
-        train,
-        contexts=TWO_CPUS,
-        optimizer_params=dict(LEARNING),
-        arg_params=initial_params(net, (20, 10)),
-        extensions=extensions,
-    )
-
-
-class Check(Extension):
-    """Calls ``check(loop)`` at the end of each epoch, after the extensions before it."""
-
-    def __init__(self, check):
-        super().__init__(after_epoch=True)
-        self.check = check
-
-    def do(self, which_callback, *args):
-        self.check(self.main_loop)
-
-
-# ----------------------------------------------------------------- Evaluate
 def test_evaluate_two_outputs_on_two_iterators_equals_numpy_every_epoch():
     # valid: 84 rows by 16 -> last batch has 4 real rows (device 0: 4, device 1: 0);
     # test: 60 rows by 30, no padding, so Module.score is exact there.
@@ -206,54 +124,6 @@ def test_evaluate_accepts_eval_metric_objects_and_functions():
     )
     assert row["valid_reg_mean_absolute_error"] == pytest.approx(expected["reg_mae"], rel=1e-5)
     assert user_accuracy.num_inst == 0  # the user's object is copied, not updated
-
-
-def test_other_device_metrics_equal_numpy_and_mxnet():
-    X, y = dataset("valid")
-    loop = two_head_loop([FinishAfter(after_n_epochs=1)])
-    loop.run()
-    evaluate = Evaluate(
-        {"valid": iterator(X, y, 16, last_batch_handle="pad")},
-        {"softmax": ["top_k_accuracy_2", "nll_loss"], "reg": "rmse"},
-    )
-    evaluate.attach(loop)
-    records = evaluate.evaluate()
-    params = loop.get_params()[0]
-    prob, reg = numpy_forward(params, X)
-    top2 = np.argsort(-prob, axis=1)[:, :2]
-    assert records["valid_softmax_top_k_accuracy_2"] == pytest.approx(
-        np.mean((top2 == y[:, None]).any(axis=1)), abs=1e-12
-    )
-    mxnet_top2 = mx.metric.TopKAccuracy(top_k=2)
-    mxnet_top2.update([mx.nd.array(y)], [mx.nd.array(prob)])
-    assert records["valid_softmax_top_k_accuracy_2"] == pytest.approx(
-        mxnet_top2.get()[1], abs=1e-12
-    )
-    assert records["valid_softmax_nll_loss"] == pytest.approx(
-        np.mean(-np.log(prob[np.arange(len(y)), y.astype(int)] + 1e-12)), rel=1e-5
-    )
-    assert records["valid_reg_rmse"] == pytest.approx(
-        np.sqrt(np.mean((regression_target(X) - reg) ** 2)), rel=1e-5
-    )
-
-
-def test_a_user_device_metric_is_computed_on_the_devices():
-    def squared_log_error(pred, label, pred_shape, label_shape):
-        diff = mx.sym.log1p(mx.sym.abs(pred)) - mx.sym.log1p(
-            mx.sym.abs(mx.sym.reshape(label, shape=pred_shape))
-        )
-        return mx.sym.sum(mx.sym.square(diff), axis=1), pred_shape[1]
-
-    X, y = dataset("valid")
-    loop = two_head_loop([FinishAfter(after_n_epochs=1)])
-    evaluate = Evaluate(
-        {"valid": iterator(X, y, 16, last_batch_handle="pad")},
-        {"reg": DeviceMetric("msle", squared_log_error)},
-    )
-    evaluate.attach(loop)
-    _, reg = numpy_forward(loop.get_params()[0], X)
-    expected = np.mean((np.log1p(np.abs(reg)) - np.log1p(np.abs(regression_target(X)))) ** 2)
-    assert evaluate.evaluate()["valid_reg_msle"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_evaluate_fires_every_epoch_unless_told_otherwise():
@@ -449,14 +319,6 @@ def test_one_output_names_and_order_within_after_epoch():
     ]
 
 
-# -------------------------------------------------------------------- errors
-def test_unknown_metric_name_fails_at_construction():
-    with pytest.raises(ValueError, match="unknown metric 'accurcy'"):
-        TrainingMonitoring("accurcy")
-    with pytest.raises(TypeError, match="a metric is a name"):
-        create_metrics([3])
-
-
 def test_unknown_output_is_named_with_the_outputs():
     X, y = dataset("test", 40)
     with pytest.raises(ValueError, match=r"no output named 'softmx'.*\['softmax', 'reg'\]"):
@@ -484,67 +346,8 @@ def test_missing_label_is_reported_with_its_expected_name():
         )
 
 
-def test_shapes_a_metric_cannot_compare_are_refused():
-    with pytest.raises(
-        ValueError,
-        match="metric 'mse' cannot compare an output of shape "
-        r"\(10, 3\) with a label of shape \(10,\)",
-    ):
-        two_head_loop([TrainingMonitoring({"softmax": "mse"}), FinishAfter(after_n_epochs=1)])
-
-
 def test_a_metric_given_twice_for_an_output_is_refused():
     with pytest.raises(ValueError, match="train_softmax_accuracy"):
         two_head_loop(
             [TrainingMonitoring({"softmax": ["acc", "accuracy"]}), FinishAfter(after_n_epochs=1)]
         )
-
-
-def test_metric_names_follow_mxnet_in_snake_case():
-    names = [
-        m.name
-        for m in create_metrics(
-            [
-                "acc",
-                "ce",
-                "cross-entropy",
-                "nll_loss",
-                "rmse",
-                "top_k_accuracy_3",
-                "f1",
-                mx.metric.MAE(),
-            ]
-        )
-    ]
-    assert names == [
-        "accuracy",
-        "cross_entropy",
-        "cross_entropy",
-        "nll_loss",
-        "rmse",
-        "top_k_accuracy_3",
-        "f1",
-        "mae",
-    ]
-    kinds = [type(m) for m in create_metrics(["acc", "f1", mx.metric.MAE(), len])]
-    assert kinds == [DeviceMetric, HostMetric, HostMetric, HostMetric]
-
-
-def test_accumulator_on_a_bare_manager_matches_numpy():
-    X, y = classification_data(n=50)
-    net = mlp()
-    it = mx.io.NDArrayIter(X, y, batch_size=16, label_name="softmax_label")  # padded last batch
-    loop = MainLoop(net, it, contexts=TWO_CPUS, extensions=[FinishAfter(after_n_epochs=1)])
-    manager = loop.manager.evaluation_manager(it.provide_data, it.provide_label)
-    accumulator = MetricAccumulator(manager, [("softmax_output", m) for m in create_metrics("acc")])
-    predictions = []
-    for batch in it:
-        manager.load_data_batch(batch)
-        manager.forward()
-        accumulator.update()
-        predictions.append(np.concatenate([o.asnumpy() for o in manager.outputs["softmax"]]))
-    prob = np.concatenate(predictions)[:50]
-    assert accumulator.rows == 50
-    assert accumulator.values() == [pytest.approx(np.mean(prob.argmax(axis=1) == y), abs=1e-12)]
-    accumulator.reset()
-    assert accumulator.rows == 0 and accumulator.totals()[0, 0] == 0

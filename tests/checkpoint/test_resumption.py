@@ -2,96 +2,26 @@
 
 import json
 import os
-import select
 import signal
-import subprocess
-import sys
 import time
 
 import mxnet as mx
 import numpy as np
 import pytest
-from conftest import TWO_CPUS, classification_data, initial_params, mlp
+from checkpointing import (
+    Trainer,
+    assert_identical,
+    comparable_log,
+    leftovers,
+    make_loop,
+    monitoring,
+    params_of,
+)
+from conftest import classification_data
 
-from mxoid import Checkpoint, CheckpointError, Extension, FinishAfter, MainLoop, read_log
+from mxoid import CheckpointError, Extension, FinishAfter, read_log
 from mxoid.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
-from mxoid.extensions import EarlyStopping, Evaluate, TrackBest, TrainingMonitoring
-
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "train_checkpointed.py")
-
-
-def make_loop(
-    directory,
-    stop,
-    *,
-    optimizer="adam",
-    resume=False,
-    contexts=TWO_CPUS,
-    iterator_factory=None,
-    extra=(),
-):
-    X, y = classification_data(n=200)
-    np.random.seed(5)
-    if iterator_factory is None:
-        train = mx.io.NDArrayIter(X, y, batch_size=20, shuffle=True, label_name="softmax_label")
-    else:
-        train = iterator_factory(X, y)
-    net = mlp()
-    params = (
-        {"learning_rate": 0.01} if optimizer == "adam" else {"learning_rate": 0.1, "momentum": 0.9}
-    )
-    return MainLoop(
-        net,
-        train,
-        contexts=contexts,
-        optimizer=optimizer,
-        optimizer_params=params,
-        arg_params=initial_params(net, (20, 10)),
-        extensions=[stop, Checkpoint(str(directory), every_n_batches=3), *extra],
-        resume_from=str(directory) if resume else None,
-    )
-
-
-def leftovers(directory):
-    """Hidden entries of a checkpoint directory but its lock file: half-written folders."""
-    return [n for n in os.listdir(directory) if n.startswith(".") and n != ".mxoid-lock"]
-
-
-def params_of(loop):
-    return {k: v.asnumpy() for k, v in loop.get_params()[0].items()}
-
-
-def assert_identical(a, b):
-    assert a.keys() == b.keys()
-    for name in a:
-        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
-
-
-def comparable_log(loop):
-    """The log rows; checkpoint folders reduced to their epoch and batch.
-
-    The folders differ between two runs' directories, and an interrupted run
-    saves more checkpoints (so their sequence numbers differ).
-    """
-    rows = {}
-    for iteration, row in loop.log.items():
-        rows[iteration] = {
-            k: (os.path.basename(v).split("-", 2)[2] if k == "checkpoint_saved_to" else v)
-            for k, v in row.items()
-        }
-    return rows
-
-
-def monitoring():
-    """Stateful extensions whose records must come out the same after resumption."""
-    X, y = classification_data(n=60, seed=7)
-    valid = mx.io.NDArrayIter(X, y, batch_size=25, label_name="softmax_label")
-    return [
-        TrainingMonitoring(["acc", "ce"], every_n_batches=7),
-        Evaluate({"valid": valid}, ["acc", "ce"]),
-        TrackBest("valid_cross_entropy", mode="min"),
-        EarlyStopping("valid_accuracy", patience=10, mode="max", min_delta=0.5),
-    ]
+from mxoid.extensions import EarlyStopping
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
@@ -241,14 +171,6 @@ def test_checkpoint_loads_in_mxnet_and_predicts_like_the_loop(tmp_path):
     assert_identical({k: v.asnumpy() for k, v in arg_params.items()}, params_of(loop))
 
 
-def test_keep_last_removes_older_checkpoints(tmp_path):
-    make_loop(tmp_path, FinishAfter(after_n_epochs=2)).run()
-    names = [os.path.basename(p) for p in list_checkpoints(str(tmp_path))]
-    assert len(names) == 3
-    assert names[-1].endswith("epoch0002-batch00000020")
-    assert not leftovers(tmp_path)
-
-
 def test_damaged_checkpoint_names_the_file_and_latest_falls_back(tmp_path):
     make_loop(tmp_path, FinishAfter(after_n_epochs=2)).run()
     newest, previous = list_checkpoints(str(tmp_path))[-1], list_checkpoints(str(tmp_path))[-2]
@@ -280,67 +202,6 @@ def test_checkpoint_folder_without_manifest_is_incomplete(tmp_path):
     os.remove(os.path.join(newest, "MANIFEST.json"))
     with pytest.raises(CheckpointError, match="incomplete"):
         read_checkpoint(newest)
-
-
-class Explode(Extension):
-    def after_batch(self, batch):
-        if self.main_loop.status.iterations_done == 7:
-            raise RuntimeError("extension bug")
-
-
-def test_crash_leaves_the_last_checkpoint_intact(tmp_path):
-    loop = make_loop(tmp_path, FinishAfter(after_n_epochs=2), extra=[Explode()])
-    with pytest.raises(RuntimeError, match="extension bug"):
-        loop.run()
-    newest = list_checkpoints(str(tmp_path))[-1]
-    assert newest.endswith("batch00000006")
-    assert read_checkpoint(newest).loop_state["status"]["iterations_done"] == 6
-
-
-# ---------------------------------------------------------------- processes
-class Trainer:
-    """The checkpointed training script in a subprocess, read line by line."""
-
-    def __init__(self, directory, *args):
-        env = dict(
-            os.environ, OMP_NUM_THREADS="1", MXNET_SUBGRAPH_VERBOSE="0", PYTHONUNBUFFERED="1"
-        )
-        self.process = subprocess.Popen(
-            [sys.executable, SCRIPT, str(directory), *args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            text=True,
-        )
-        self.lines = []
-
-    def wait_for(self, prefix, timeout=60):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.process.stdout], [], [], 0.5)
-            if ready:
-                line = self.process.stdout.readline()
-                if not line:
-                    break
-                self.lines.append(line)
-                if line.startswith(prefix):
-                    return line
-        raise AssertionError(
-            f"no line starting with {prefix!r}; got {self.lines[-5:]}; "
-            f"stderr: {self.finish(5)[1][-2000:]}"
-        )
-
-    def finish(self, timeout=60):
-        try:
-            out, err = self.process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired as expired:
-            self.process.kill()
-            out, err = self.process.communicate()
-            raise AssertionError(
-                f"the training process did not exit within {timeout} s: {err}"
-            ) from expired
-        self.lines.extend(out.splitlines(True))
-        return self.process.returncode, err
 
 
 @pytest.fixture(scope="module")
@@ -420,32 +281,3 @@ def test_signal_handlers_are_restored_after_training(tmp_path):
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     make_loop(tmp_path, FinishAfter(after_n_batches=2)).run()
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
-
-
-def test_save_best_of_keeps_the_best_state_and_adds_no_empty_rows(tmp_path):
-    X, y = classification_data(n=60, seed=7)
-    valid = mx.io.NDArrayIter(X, y, batch_size=20, label_name="softmax_label")
-    np.random.seed(5)
-    X, y = classification_data(n=200)
-    net = mlp()
-    loop = MainLoop(
-        net,
-        mx.io.NDArrayIter(X, y, batch_size=20, shuffle=True, label_name="softmax_label"),
-        optimizer_params={"learning_rate": 0.05},
-        arg_params=initial_params(net, (20, 10)),
-        extensions=[
-            FinishAfter(after_n_epochs=5),
-            Evaluate({"valid": valid}, "ce"),
-            Checkpoint(str(tmp_path), every_n_batches=7, save_best_of="valid_cross_entropy"),
-        ],
-    ).run()
-    assert all(row for _, row in loop.log.items())  # no row was created empty
-    values = [
-        row["valid_cross_entropy"] for _, row in loop.log.items() if "valid_cross_entropy" in row
-    ]
-    best = read_checkpoint(str(tmp_path / "best"))
-    saved_rows = dict(best.loop_state["log"]["rows"])
-    assert saved_rows[best.loop_state["status"]["iterations_done"]]["valid_cross_entropy"] == min(
-        values
-    )
-    assert best.loop_state["status"]["epochs_done"] == 1 + values.index(min(values))

@@ -1,7 +1,7 @@
 """Distributed faults on one host: every one ends the job promptly, with the right worker's
 error and exit status, or stops every worker cleanly after the same batch.
 
-Each job runs tests/dist_scripts/dist_worker.py on two workers under ``mxoid launch``.
+Each job runs tests/distributed/scripts/dist_worker.py on two workers under ``mxoid launch``.
 """
 
 import json
@@ -16,7 +16,7 @@ import pytest
 from mxoid import read_log
 from mxoid.checkpoint import latest_checkpoint
 
-SCRIPTS = Path(__file__).parent / "dist_scripts"
+SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from jobs import job_environment, run_job  # noqa: E402

@@ -17,7 +17,7 @@ import pytest
 import mxoid.distributed.processes as launch_processes
 from mxoid.distributed.launch import main
 
-sys.path.insert(0, str(Path(__file__).parent / "dist_scripts"))
+sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 
 from jobs import ROOT, job_environment, marked_processes, run_job
 

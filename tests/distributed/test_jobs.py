@@ -1,6 +1,6 @@
 """Distributed training on MXNet's parameter server, through ``mxoid launch`` on 127.0.0.1.
 
-Each job runs tests/dist_scripts/dist_worker.py on two workers: an MLP
+Each job runs tests/distributed/scripts/dist_worker.py on two workers: an MLP
 trained with ``MainLoop`` on ``dist_sync`` or ``dist_async``, with Evaluate
 on each worker's shard of a validation set. The helpers of
 :mod:`mxoid.distributed` and :mod:`mxoid.distributed.sharding` that need no kvstore are
@@ -20,7 +20,7 @@ from mxoid.checkpoint.data_position import batches_per_epoch
 from mxoid.distributed import ServerOptimizer, allgather, allreduce_sums
 from mxoid.distributed.sharding import shard, shard_arrays
 
-SCRIPTS = Path(__file__).parent / "dist_scripts"
+SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import dist_worker  # noqa: E402
@@ -182,16 +182,6 @@ def test_strided_shards_together_make_the_batches_of_one_process():
         for r in range(2)
     ]
     np.testing.assert_array_equal(np.sort(np.concatenate(parts), axis=0), batch)
-
-
-def test_batches_per_epoch():
-    X = np.zeros((25, 2))
-    assert batches_per_epoch(mx.io.NDArrayIter(X, batch_size=10)) == 3
-    assert batches_per_epoch(mx.io.NDArrayIter(X, batch_size=10, last_batch_handle="discard")) == 2
-    rolling = mx.io.NDArrayIter(X, batch_size=10, last_batch_handle="roll_over")
-    assert batches_per_epoch(rolling) is None
-    assert batches_per_epoch(mx.io.ResizeIter(mx.io.NDArrayIter(X, batch_size=10), 7)) == 7
-    assert batches_per_epoch(object()) is None
 
 
 def test_reductions_without_a_distributed_kvstore_return_this_workers_values():

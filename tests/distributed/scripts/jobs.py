@@ -13,7 +13,7 @@ from pathlib import Path
 
 from mxoid.distributed.launch import launch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 MARKER = "MXOID_TEST_MARKER"
 
 

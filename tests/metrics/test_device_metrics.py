@@ -1,0 +1,126 @@
+"""Metrics computed on the devices, and the accumulator of their sums, against NumPy and MXNet."""
+
+import mxnet as mx
+import numpy as np
+import pytest
+from conftest import TWO_CPUS, classification_data, mlp
+from monitored import dataset, iterator, numpy_forward, regression_target, two_head_loop
+
+from mxoid import FinishAfter, MainLoop
+from mxoid.extensions.monitoring import Evaluate, TrainingMonitoring
+from mxoid.metrics import DeviceMetric, HostMetric, MetricAccumulator, create_metrics
+
+
+def test_other_device_metrics_equal_numpy_and_mxnet():
+    X, y = dataset("valid")
+    loop = two_head_loop([FinishAfter(after_n_epochs=1)])
+    loop.run()
+    evaluate = Evaluate(
+        {"valid": iterator(X, y, 16, last_batch_handle="pad")},
+        {"softmax": ["top_k_accuracy_2", "nll_loss"], "reg": "rmse"},
+    )
+    evaluate.attach(loop)
+    records = evaluate.evaluate()
+    params = loop.get_params()[0]
+    prob, reg = numpy_forward(params, X)
+    top2 = np.argsort(-prob, axis=1)[:, :2]
+    assert records["valid_softmax_top_k_accuracy_2"] == pytest.approx(
+        np.mean((top2 == y[:, None]).any(axis=1)), abs=1e-12
+    )
+    mxnet_top2 = mx.metric.TopKAccuracy(top_k=2)
+    mxnet_top2.update([mx.nd.array(y)], [mx.nd.array(prob)])
+    assert records["valid_softmax_top_k_accuracy_2"] == pytest.approx(
+        mxnet_top2.get()[1], abs=1e-12
+    )
+    assert records["valid_softmax_nll_loss"] == pytest.approx(
+        np.mean(-np.log(prob[np.arange(len(y)), y.astype(int)] + 1e-12)), rel=1e-5
+    )
+    assert records["valid_reg_rmse"] == pytest.approx(
+        np.sqrt(np.mean((regression_target(X) - reg) ** 2)), rel=1e-5
+    )
+
+
+def test_a_user_device_metric_is_computed_on_the_devices():
+    def squared_log_error(pred, label, pred_shape, label_shape):
+        diff = mx.sym.log1p(mx.sym.abs(pred)) - mx.sym.log1p(
+            mx.sym.abs(mx.sym.reshape(label, shape=pred_shape))
+        )
+        return mx.sym.sum(mx.sym.square(diff), axis=1), pred_shape[1]
+
+    X, y = dataset("valid")
+    loop = two_head_loop([FinishAfter(after_n_epochs=1)])
+    evaluate = Evaluate(
+        {"valid": iterator(X, y, 16, last_batch_handle="pad")},
+        {"reg": DeviceMetric("msle", squared_log_error)},
+    )
+    evaluate.attach(loop)
+    _, reg = numpy_forward(loop.get_params()[0], X)
+    expected = np.mean((np.log1p(np.abs(reg)) - np.log1p(np.abs(regression_target(X)))) ** 2)
+    assert evaluate.evaluate()["valid_reg_msle"] == pytest.approx(expected, rel=1e-5)
+
+
+# -------------------------------------------------------------------- errors
+def test_unknown_metric_name_fails_at_construction():
+    with pytest.raises(ValueError, match="unknown metric 'accurcy'"):
+        TrainingMonitoring("accurcy")
+    with pytest.raises(TypeError, match="a metric is a name"):
+        create_metrics([3])
+
+
+def test_shapes_a_metric_cannot_compare_are_refused():
+    with pytest.raises(
+        ValueError,
+        match="metric 'mse' cannot compare an output of shape "
+        r"\(10, 3\) with a label of shape \(10,\)",
+    ):
+        two_head_loop([TrainingMonitoring({"softmax": "mse"}), FinishAfter(after_n_epochs=1)])
+
+
+def test_metric_names_follow_mxnet_in_snake_case():
+    names = [
+        m.name
+        for m in create_metrics(
+            [
+                "acc",
+                "ce",
+                "cross-entropy",
+                "nll_loss",
+                "rmse",
+                "top_k_accuracy_3",
+                "f1",
+                mx.metric.MAE(),
+            ]
+        )
+    ]
+    assert names == [
+        "accuracy",
+        "cross_entropy",
+        "cross_entropy",
+        "nll_loss",
+        "rmse",
+        "top_k_accuracy_3",
+        "f1",
+        "mae",
+    ]
+    kinds = [type(m) for m in create_metrics(["acc", "f1", mx.metric.MAE(), len])]
+    assert kinds == [DeviceMetric, HostMetric, HostMetric, HostMetric]
+
+
+def test_accumulator_on_a_bare_manager_matches_numpy():
+    X, y = classification_data(n=50)
+    net = mlp()
+    it = mx.io.NDArrayIter(X, y, batch_size=16, label_name="softmax_label")  # padded last batch
+    loop = MainLoop(net, it, contexts=TWO_CPUS, extensions=[FinishAfter(after_n_epochs=1)])
+    manager = loop.manager.evaluation_manager(it.provide_data, it.provide_label)
+    accumulator = MetricAccumulator(manager, [("softmax_output", m) for m in create_metrics("acc")])
+    predictions = []
+    for batch in it:
+        manager.load_data_batch(batch)
+        manager.forward()
+        accumulator.update()
+        predictions.append(np.concatenate([o.asnumpy() for o in manager.outputs["softmax"]]))
+    prob = np.concatenate(predictions)[:50]
+    assert accumulator.rows == 50
+    assert accumulator.values() == [pytest.approx(np.mean(prob.argmax(axis=1) == y), abs=1e-12)]
+    accumulator.reset()
+    assert accumulator.rows == 0 and accumulator.totals()[0, 0] == 0
