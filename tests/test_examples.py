@@ -335,7 +335,7 @@ def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     namespace = {}
     blocks = readme_python("Quick start") + readme_python("Writing an extension")
-    assert len(blocks) == 3
+    assert len(blocks) == 4
     for block in blocks:
         exec(compile(block, str(README), "exec"), namespace)
     assert namespace["loop"].log.last("valid_accuracy") > 0.8
@@ -358,3 +358,16 @@ def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
     assert loop.log.last("training_finish_requested") == "valid_cross_entropy fell below 10.0"
     assert loop.log.last("lr") == pytest.approx(0.01)
     assert namespace["stopper"].conditions.keys() == {"after_epoch", "after_batch"}
+    # TrackBest plus a condition keeps the best model.
+    train.reset()
+    best, keeper = namespace["best"], namespace["keeper"]
+    loop = MainLoop(
+        namespace["net"],
+        train,
+        optimizer_params={"learning_rate": 0.05, "momentum": 0.9},
+        extensions=[FinishAfter(after_n_epochs=4), Evaluate({"valid": valid}, "acc"), best, keeper],
+    ).run()
+    accuracies = [row["valid_accuracy"] for _, row in loop.log.items() if "valid_accuracy" in row]
+    assert best.best.value == max(accuracies)
+    assert best.best.iteration == loop.log.last_iteration("valid_accuracy_new_best")
+    assert keeper.best_params[0].keys() == loop.get_params()[0].keys()
