@@ -14,7 +14,7 @@ import warnings
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _EXPORTS = {
     "Checkpoint": "extensions",
@@ -106,6 +106,11 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
     sys.meta_path.append(_MovedModules())
+
+# MXNet 1.9.1 on today's NumPy and Python: the names it needs, added before it is imported.
+from . import compat as _compat  # noqa: E402
+
+_compat.install_import_hook()
 
 
 # The public names for type checkers and editors; at run time, __getattr__ imports them on

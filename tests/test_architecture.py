@@ -16,6 +16,7 @@ TOP_LEVEL = {
     "__init__",
     "__main__",
     "cli",
+    "compat",
     "errors",
     "executor_manager",
     "fused_updater",

@@ -1,0 +1,276 @@
+"""MXNet 1.9.1 on today's Python and NumPy: the names it needs that newer releases removed.
+
+MXNet 1.9.1, the last 1.x release, was built for NumPy < 1.24 and Python <= 3.11.
+It computes the same on NumPy 1.24 to 2.x and Python 3.12 and 3.13 once a few names
+it uses at import time or later exist again. :func:`apply` adds them, and only them:
+it never replaces a name that exists.
+
+What it touches
+---------------
+- ``numpy``: ``bool`` (removed in 1.24; the builtin ``bool``), and for NumPy 2.x
+  ``PZERO``, ``NZERO``, ``PINF``, ``NINF``, ``NAN``, ``NaN``, ``Inf``, ``alltrue``,
+  ``sometrue``, ``product``, ``round_``, ``msort``, ``in1d``, ``trapz`` (2.4+), the
+  values or functions they were; and the financial functions of NEP 32 (``mirr``,
+  ``npv``, ``pmt``, ``ppmt``, ``pv``, ``rate``) as functions that raise, saying to
+  use ``numpy-financial``.
+- ``distutils.version`` on Python 3.12+, where ``distutils`` is gone and setuptools
+  may be absent: a module with ``LooseVersion`` and ``StrictVersion`` (MXNet only
+  compares version strings with them); setuptools' own copy when it is installed.
+- ``mxnet.recordio.pack`` and ``pack_img`` on NumPy 2.3+, which removed
+  ``ndarray.tostring``: the same record format, written with ``tobytes``.
+- ``scipy.sparse.csr`` where SciPy no longer has it (MXNet reads
+  ``scipy.sparse.csr.csr_matrix``): ``csr_matrix`` under that name.
+
+When it runs
+------------
+``import mxoid`` applies it. So that a script may start with ``import mxnet``, the
+package installs a start-up file (``mxoid-mxnet-compat.pth`` in ``site-packages``)
+that calls :func:`install_import_hook`: a finder that applies the NumPy and
+distutils names just before MXNet is first imported, and fixes ``mxnet.recordio``
+and ``mxnet.ndarray.utils`` right after they load. Until MXNet is imported it
+costs nothing (it imports nothing). Set ``MXOID_NO_COMPAT=1`` to turn all of it off.
+"""
+
+from __future__ import annotations
+
+import builtins
+import importlib.abc
+import importlib.machinery
+import math
+import numbers
+import os
+import re
+import struct
+import sys
+import types
+import warnings
+from typing import Any, Callable, Dict, Optional, Sequence
+
+__all__ = ["DISABLE", "apply", "install_import_hook", "patch_recordio"]
+
+DISABLE = "MXOID_NO_COMPAT"
+"""The environment variable that turns the compatibility layer off (any non-empty value)."""
+
+FINANCIAL = ("mirr", "npv", "pmt", "ppmt", "pv", "rate")
+
+
+def _disabled() -> bool:
+    return bool(os.environ.get(DISABLE))
+
+
+def _financial(name: str) -> Callable[..., Any]:
+    def removed(*args: Any, **kwargs: Any) -> Any:
+        raise AttributeError(
+            f"numpy.{name} was removed in NumPy 1.20 (NEP 32); use numpy_financial.{name} "
+            "(pip install numpy-financial)"
+        )
+
+    removed.__name__ = name
+    return removed
+
+
+def _numpy_names(np: Any) -> Dict[str, Any]:
+    """Return the names MXNet 1.9.1 uses, as they were in the NumPy it was built for."""
+
+    def in1d(ar1: Any, ar2: Any, assume_unique: bool = False, invert: bool = False) -> Any:
+        return np.isin(ar1, ar2, assume_unique=assume_unique, invert=invert).ravel()
+
+    names: Dict[str, Any] = {
+        "bool": builtins.bool,
+        "PZERO": 0.0,
+        "NZERO": -0.0,
+        "PINF": math.inf,
+        "NINF": -math.inf,
+        "NAN": math.nan,
+        "NaN": math.nan,
+        "Inf": math.inf,
+        "alltrue": np.all,
+        "sometrue": np.any,
+        "product": np.prod,
+        "round_": np.round,
+        "msort": lambda a: np.sort(a, axis=0),
+        "in1d": in1d,
+    }
+    if hasattr(np, "trapezoid"):
+        names["trapz"] = np.trapezoid
+    names.update((name, _financial(name)) for name in FINANCIAL)
+    return names
+
+
+def _add_missing(module: Any, names: Dict[str, Any]) -> None:
+    for name, value in names.items():
+        if name in vars(module):
+            continue
+        with warnings.catch_warnings():  # NumPy warns about the names it removed
+            warnings.simplefilter("ignore")
+            try:
+                getattr(module, name)
+            except AttributeError:
+                setattr(module, name, value)
+
+
+def _distutils_version() -> None:
+    """Make ``from distutils.version import LooseVersion`` work where distutils is gone."""
+    try:
+        import distutils.version  # noqa: F401  (Python <= 3.11, or setuptools' copy)
+
+        return
+    except ImportError:
+        pass
+    try:
+        from setuptools._distutils import version as module  # type: ignore
+    except ImportError:
+        module = _version_module()
+    package = sys.modules.get("distutils") or types.ModuleType("distutils")
+    package.__path__ = []  # a package, so that distutils.version imports
+    package.version = module
+    sys.modules.setdefault("distutils", package)
+    sys.modules["distutils.version"] = module
+
+
+def _version_module() -> types.ModuleType:
+    """``LooseVersion`` and ``StrictVersion``: version strings compared part by part."""
+    module = types.ModuleType("distutils.version")
+
+    class LooseVersion:
+        def __init__(self, text: str) -> None:
+            self.vstring = str(text)
+            self.version = [
+                int(p) if p.isdigit() else p
+                for p in re.split(r"(\d+|[a-z]+|\.)", self.vstring)
+                if p and p != "."
+            ]
+
+        def _key(self, other: Any) -> Sequence[Any]:
+            other = other if isinstance(other, LooseVersion) else LooseVersion(other)
+            return [(0, p) if isinstance(p, int) else (1, p) for p in other.version]
+
+        def __eq__(self, other: Any) -> bool:
+            return self._key(self) == self._key(other)
+
+        def __lt__(self, other: Any) -> bool:
+            return self._key(self) < self._key(other)
+
+        def __le__(self, other: Any) -> bool:
+            return self._key(self) <= self._key(other)
+
+        def __gt__(self, other: Any) -> bool:
+            return self._key(self) > self._key(other)
+
+        def __ge__(self, other: Any) -> bool:
+            return self._key(self) >= self._key(other)
+
+        def __repr__(self) -> str:
+            return f"LooseVersion({self.vstring!r})"
+
+    module.LooseVersion = LooseVersion
+    module.StrictVersion = LooseVersion
+    return module
+
+
+def apply() -> None:
+    """Add the names MXNet 1.9.1 needs and this Python or NumPy lacks; change nothing else.
+
+    Idempotent; does nothing when ``MXOID_NO_COMPAT`` is set. Patches MXNet's own
+    modules too (:func:`patch_recordio`) when they are already imported.
+    """
+    if _disabled():
+        return
+    import numpy
+
+    _add_missing(numpy, _numpy_names(numpy))
+    _distutils_version()
+    if "mxnet.recordio" in sys.modules:
+        patch_recordio(sys.modules["mxnet.recordio"])
+    if "mxnet.ndarray.utils" in sys.modules:
+        _patch_sparse(sys.modules["mxnet.ndarray.utils"])
+
+
+def patch_recordio(recordio: Any) -> None:
+    """Give ``mxnet.recordio`` a ``pack`` and ``pack_img`` that work on NumPy 2.3+.
+
+    NumPy 2.3 removed ``ndarray.tostring``, which MXNet's own call; the records
+    are byte for byte the same.
+    """
+    import numpy as np
+
+    if hasattr(np.ndarray, "tostring") or getattr(recordio, "_mxoid_patched", False):
+        return
+    header_format = recordio._IR_FORMAT
+
+    def pack(header: Any, s: bytes) -> bytes:
+        header = recordio.IRHeader(*header)
+        if isinstance(header.label, numbers.Number):
+            header = header._replace(flag=0)
+        else:
+            label = np.asarray(header.label, dtype=np.float32)
+            header = header._replace(flag=label.size, label=0)
+            s = label.tobytes() + s
+        return struct.pack(header_format, *header) + s
+
+    def pack_img(header: Any, img: Any, quality: int = 95, img_fmt: str = ".jpg") -> bytes:
+        import cv2
+
+        encoding = {
+            ".jpg": [cv2.IMWRITE_JPEG_QUALITY, quality],
+            ".jpeg": [cv2.IMWRITE_JPEG_QUALITY, quality],
+            ".png": [cv2.IMWRITE_PNG_COMPRESSION, quality],
+        }
+        ok, buffer = cv2.imencode(img_fmt, img, encoding.get(img_fmt.lower(), []))
+        if not ok:
+            raise ValueError(f"cannot encode the image as {img_fmt}")
+        return pack(header, buffer.tobytes())
+
+    pack.__doc__ = recordio.pack.__doc__
+    pack_img.__doc__ = recordio.pack_img.__doc__
+    recordio.pack, recordio.pack_img = pack, pack_img
+    recordio._mxoid_patched = True
+
+
+def _patch_sparse(utils: Any) -> None:
+    sparse = getattr(utils, "spsp", None)
+    if sparse is not None and "csr" not in vars(sparse):
+        try:
+            getattr(sparse, "csr")  # noqa: B009  (SciPy 1.x: a deprecated module, still there)
+        except AttributeError:
+            sparse.csr = types.SimpleNamespace(csr_matrix=sparse.csr_matrix)
+
+
+_AFTER_IMPORT = {"mxnet.recordio": patch_recordio, "mxnet.ndarray.utils": _patch_sparse}
+
+
+class _MXNetImportHook(importlib.abc.MetaPathFinder):
+    """Apply the NumPy names before MXNet is first imported; fix MXNet's modules after.
+
+    ``mxnet.recordio`` and ``mxnet.ndarray.utils`` are patched right after they load.
+    """
+
+    def find_spec(
+        self, fullname: str, path: Any = None, target: Any = None
+    ) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname == "mxnet" and not _disabled():
+            apply()
+            return None
+        if fullname not in _AFTER_IMPORT or _disabled():
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is None or spec.loader is None:
+            return spec
+        run, patch = spec.loader.exec_module, _AFTER_IMPORT[fullname]
+
+        def exec_module(module: Any) -> None:
+            run(module)
+            patch(module)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
+def install_import_hook() -> None:
+    """Install the finder of the module documentation (once); the start-up file calls it."""
+    if _disabled():
+        return
+    if not any(isinstance(finder, _MXNetImportHook) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _MXNetImportHook())
+    if "mxnet" in sys.modules:  # imported before: fix what can still be fixed
+        apply()

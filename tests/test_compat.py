@@ -1,0 +1,98 @@
+"""MXNet 1.9.1 on today's Python and NumPy: whatever is imported first, only missing names
+added, RecordIO with array labels, and a switch to turn it off."""
+
+import os
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+from mxoid import compat
+
+NUMPY_2 = int(np.__version__.split(".")[0]) >= 2
+
+
+def python(code, **env):
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MXNET_SUBGRAPH_VERBOSE": "0", **env},
+    )
+    return done.returncode, done.stdout + done.stderr
+
+
+FIRST_MXNET = """
+import mxnet as mx
+import numpy as np
+import mxoid
+from mxoid import FinishAfter, MainLoop
+X = np.random.RandomState(0).rand(40, 5).astype('float32')
+y = (X[:, 0] > 0.5).astype('float32')
+data = mx.sym.Variable('data')
+net = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(data, num_hidden=2, name='fc'), name='softmax')
+loop = MainLoop(net, mx.io.NDArrayIter(X, y, batch_size=10),
+                extensions=[FinishAfter(after_n_epochs=2)]).run()
+print('trained', loop.status.iterations_done, np.__version__)
+"""
+
+
+def test_a_script_that_imports_mxnet_first_works():
+    code, out = python(FIRST_MXNET)
+    assert code == 0 and "trained 8" in out, out
+
+
+def test_the_start_up_file_installs_the_hook_in_every_interpreter():
+    code, out = python("import sys; print([type(f).__name__ for f in sys.meta_path])")
+    assert code == 0 and "_MxoidStartUpHook" in out, out
+    code, out = python("import sys; print([m in sys.modules for m in ('numpy', 'mxnet', 'mxoid')])")
+    assert out.strip() == "[False, False, False]"  # it imports nothing until MXNet is imported
+
+
+def test_it_can_be_turned_off():
+    code, out = python("import mxnet", MXOID_NO_COMPAT="1")
+    if NUMPY_2:  # MXNet 1.9.1 alone does not import on NumPy 2
+        assert code != 0 and "np.PZERO" in out, out
+    else:
+        assert code == 0, out
+
+
+def test_only_missing_names_are_added():
+    fake = types.SimpleNamespace(
+        all=np.all,
+        any=np.any,
+        prod=np.prod,
+        round=np.round,
+        sort=np.sort,
+        isin=np.isin,
+        PINF="kept",
+    )
+    compat._add_missing(fake, compat._numpy_names(np))
+    assert fake.PINF == "kept" and fake.NINF == -np.inf and fake.alltrue is np.all
+    assert fake.bool is bool and fake.msort(np.array([[2], [1]])).tolist() == [[1], [2]]
+    assert fake.in1d(np.array([[1, 5]]), [5]).tolist() == [False, True]
+    with pytest.raises(AttributeError, match="numpy-financial"):
+        fake.npv(0.1, [1, 2])
+    for name in ("PZERO", "NINF", "alltrue", "product", "round_", "bool"):
+        assert hasattr(np, name) or name == "bool"  # after import mxoid, on any NumPy
+
+
+def test_version_comparisons_without_distutils():
+    version = compat._version_module()
+    assert version.LooseVersion("1.19.5") < "1.23.0" < version.LooseVersion("1.23.10")
+    assert version.StrictVersion("2.0.0") >= "1.26.4"
+
+
+def test_recordio_packs_array_labels_and_round_trips():
+    import mxnet as mx
+
+    header = mx.recordio.IRHeader(0, [1.5, 2.5, 3.5], 7, 0)
+    record = mx.recordio.pack(header, b"payload")
+    unpacked, payload = mx.recordio.unpack(record)
+    assert payload == b"payload" and unpacked.flag == 3 and unpacked.id == 7
+    assert unpacked.label.tolist() == [1.5, 2.5, 3.5]
+    scalar, _ = mx.recordio.unpack(mx.recordio.pack(mx.recordio.IRHeader(0, 4.0, 1, 0), b""))
+    assert scalar.label == 4.0 and scalar.flag == 0
