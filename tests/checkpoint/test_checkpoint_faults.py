@@ -45,8 +45,9 @@ def test_a_folder_whose_checkpoints_are_all_damaged_is_an_error_not_a_fresh_star
     make_loop(tmp_path, FinishAfter(after_n_epochs=1)).run()
     for folder in list_checkpoints(str(tmp_path)):
         os.remove(os.path.join(folder, "MANIFEST.json"))
-    with pytest.warns(UserWarning, match="damaged"), pytest.raises(
-        CheckpointError, match="every checkpoint in .* is damaged"
+    with (
+        pytest.warns(UserWarning, match="damaged"),
+        pytest.raises(CheckpointError, match="every checkpoint in .* is damaged"),
     ):
         make_loop(tmp_path, FinishAfter(after_n_epochs=2), resume=True)
 
