@@ -21,6 +21,7 @@ import threading
 from types import FrameType
 from typing import Any, Dict, Optional, Sequence
 
+from .log.records import counted
 from .log.status import TrainingStatus
 
 __all__ = [
@@ -159,10 +160,6 @@ def interruption_message(
         )
     return (
         f"Training interrupted by {status.interrupted} after "
-        f"{_count(status.epochs_done, 'epoch')} and {_count(status.iterations_done, 'batch')}"
+        f"{counted(status.epochs_done, 'epoch')} and {counted(status.iterations_done, 'batch')}"
         f". {where}"
     )
-
-
-def _count(number: int, noun: str) -> str:
-    return f"{number} {noun}" + ("" if number == 1 else ("es" if noun.endswith("ch") else "s"))

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+import shutil
 import sys
-from typing import IO, Any, Dict, Optional
+from collections import deque
+from time import perf_counter
+from typing import IO, Any, Deque, Dict, List, Optional
 
+import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
 from ..checkpoint.data_position import batches_per_epoch
-from ..log.records import format_value
+from ..log.records import counted, format_value
 from .base import Extension
 
 __all__ = ["Printing", "ProgressBar"]
@@ -29,62 +34,153 @@ HEADERS = {
 
 
 class Printing(Extension):
-    """Print the loop status and the records of the current row, as Blocks does.
+    """Print how training goes: a line when it starts, after every epoch, and when it ends.
 
-    By default after every epoch, when training resumes, is interrupted or
-    ends, as in Blocks; add
-    ``every_n_batches=N`` for reports between epochs. The report goes to
-    standard output with ``tqdm.write`` (so a :class:`ProgressBar` on the
-    screen is not broken) and is flushed at once, so it shows up in
-    redirected output and cluster logs as it happens. Only the worker of
-    rank 0 prints. It runs at priority 300 by default, after the extensions
-    that write records and after checkpoints (priority 200), so the report
-    says where the checkpoint went.
+    The lines, in this format (records are the numbers written in the row, in
+    the order they were written; seconds since this process started training)::
+
+        Training starts: 47 batches per epoch of 32 samples on 2 devices (cpu(0), cpu(1)).
+        Epoch 1 (47 batches, 0.8 s): train_accuracy 0.71, valid_accuracy 0.85
+        Batch 100 (epoch 3, 1.6 s): train_accuracy 0.91          (with every_n_batches)
+        Training finished after 20 epochs and 940 batches (14.3 s): FinishAfter: 20 epochs done.
+
+    A resumed run starts with ``Training resumes from <checkpoint> after 3 epochs
+    and 141 batches.``; an interrupted one ends with ``Training interrupted by
+    SIGINT after ...``. ``verbose=True`` prints Blocks' report instead: the whole
+    status and every record of the row, under a header per hook.
+
+    Lines go to standard output with ``tqdm.write`` (so a :class:`ProgressBar`
+    on the screen is not broken), flushed at once, or to ``logger`` (Python
+    ``logging``, for cluster logs and notebooks) at level INFO. Only the worker
+    of rank 0 prints. It runs at priority 300 by default, after the extensions
+    that write records and after checkpoints (priority 200).
 
     Parameters
     ----------
+    verbose : bool, default False
+        Blocks' multi-line report.
+    logger : logging.Logger, optional
+        Send the lines there instead of standard output.
     **kwargs
-        Firing conditions and options of :class:`Extension`.
+        Firing conditions and options of :class:`Extension`; by default when
+        training starts or resumes, after every epoch, on interruption and
+        when training ends. Add ``every_n_batches=N`` for lines between epochs.
 
     Examples
     --------
+    >>> import logging
     >>> from mxoid import Printing
     >>> report = Printing(every_n_batches=500)
+    >>> to_the_log = Printing(logger=logging.getLogger("training"))
     """
 
     rank_zero_only = True
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(
+        self, verbose: bool = False, logger: Optional[logging.Logger] = None, **kwargs: Any
+    ) -> None:
         kwargs.setdefault("priority", 300)
-        kwargs.setdefault("after_epoch", True)
-        kwargs.setdefault("after_training", True)
+        kwargs.setdefault("before_training", True)
         kwargs.setdefault("on_resumption", True)
+        kwargs.setdefault("after_epoch", True)
         kwargs.setdefault("on_interrupt", True)
+        kwargs.setdefault("after_training", True)
         super().__init__(**kwargs)
+        self.verbose = verbose
+        self.logger = logger
+        self._started = perf_counter()
 
     def do(self, which_callback: str, *args: Any) -> None:
-        """Print the report: the hook's header, the loop status and the current row's records."""
+        """Print the line (or with ``verbose``, the report) of this hook."""
+        if which_callback in ("before_training", "on_resumption"):
+            self._started = perf_counter()
+        text = self.report(which_callback) if self.verbose else self.line(which_callback)
+        if text is None:
+            return
+        if self.logger is not None:
+            self.logger.info(text)
+        else:
+            tqdm.write(text, file=sys.stdout)
+            sys.stdout.flush()
+
+    def line(self, which_callback: str) -> Optional[str]:
+        """Return the one-line message of a hook (None: nothing to say at that hook)."""
+        loop = self.main_loop
+        status = loop.status
+        seconds = perf_counter() - self._started
+        done = (
+            f"{counted(status.epochs_done, 'epoch')} and {counted(status.iterations_done, 'batch')}"
+        )
+        if which_callback == "before_training":
+            batches = batches_per_epoch(loop.train_data)
+            contexts = ", ".join(str(c) for c in loop.contexts)
+            per_epoch = f"{batches} batches per epoch of " if batches else "batches of "
+            return (
+                f"Training starts: {per_epoch}{loop.manager.batch_size} samples on "
+                f"{counted(len(loop.contexts), 'device')} ({contexts})."
+            )
+        if which_callback == "on_resumption":
+            return f"Training resumes from {loop.resumed_from} after {done}."
+        if which_callback == "after_epoch":
+            return (
+                f"Epoch {status.epochs_done} ({counted(status.iterations_done_in_epoch, 'batch')}"
+                f", {seconds:.1f} s){self._records()}"
+            )
+        if which_callback in ("after_batch", "before_batch"):
+            return (
+                f"Batch {status.iterations_done} (epoch {status.epochs_done + 1}, "
+                f"{seconds:.1f} s){self._records()}"
+            )
+        if which_callback == "after_training":
+            if status.interrupted:
+                return (
+                    f"Training interrupted by {status.interrupted} after {done} ({seconds:.1f} s)."
+                )
+            return f"Training finished after {done} ({seconds:.1f} s): {status.stop_reason}."
+        if which_callback == "on_error":
+            return f"Training failed after {done}: {loop.log.current_row.get('error')}."
+        return None  # on_interrupt: the line at the end says it
+
+    def _records(self) -> str:
+        row = self.main_loop.log.get(self.main_loop.status.iterations_done, {})
+        numbers = [
+            f"{name} {format_value(value)}"
+            for name, value in row.items()
+            if isinstance(value, (int, float, np.number))
+            and not isinstance(value, bool)
+            and not name.endswith(("_best_iteration", "_new_best"))
+        ]
+        return (": " + ", ".join(numbers)) if numbers else ""
+
+    def report(self, which_callback: str) -> str:
+        """Return Blocks' report of a hook: a header, the status and the current row's records."""
         status = self.main_loop.status
         row = self.main_loop.log.get(status.iterations_done, {})
         lines = [RULE, HEADERS[which_callback], RULE, "Training status:"]
         lines += [f"\t {name}: {value}" for name, value in status.state_dict().items()]
         lines.append(f"Log records from the iteration {status.iterations_done}:")
         lines += [f"\t {name}: {format_value(value)}" for name, value in sorted(row.items())]
-        tqdm.write("\n".join(lines), file=sys.stdout)
-        sys.stdout.flush()
+        return "\n".join(lines)
 
 
 class ProgressBar(Extension):
-    """A tqdm progress bar per epoch, with the newest records beside it.
+    """A tqdm progress bar per epoch, counting computed batches, with the newest records.
+
+    MXNet's engine computes batches after the loop has handed them over, so a
+    count of batches handed over runs ahead of the work. The bar counts a batch
+    once its outputs are computed: it keeps at most :attr:`in_flight` batches
+    handed over but not counted (waiting for the oldest when there are more,
+    which also bounds how far the loop runs ahead of the engine), and the count
+    is never more than :attr:`in_flight` batches behind the loop.
 
     The bar's length is the number of batches of the previous epoch, or
     before the first epoch ends, what the training iterator says (see
-    :func:`batches_per_epoch`); without either the bar counts batches with
-    no total. Numeric records of the current row (Python or NumPy numbers;
-    NDArrays are left out, as reading them would wait for the device) are
-    shown after the bar and kept until a newer value comes. The bar is
-    closed at the end of each epoch and when training ends, fails or is
-    interrupted.
+    :func:`~mxoid.checkpoint.data_position.batches_per_epoch`); without either
+    the bar counts batches with no total. Numeric records of the current row
+    (Python or NumPy numbers; NDArrays are left out, as reading them would
+    wait for the device) are shown after the bar, as many as fit the
+    terminal's width, and kept until a newer value comes. The bar is closed
+    at the end of each epoch and when training ends, fails or is interrupted.
 
     Parameters
     ----------
@@ -99,6 +195,13 @@ class ProgressBar(Extension):
         bar shows the records of the other extensions. Only the worker of
         rank 0 shows a bar.
 
+    Attributes
+    ----------
+    in_flight : int
+        Class attribute: the most batches handed over and not yet counted (2).
+    computed : int
+        Batches of the epoch counted so far.
+
     Examples
     --------
     >>> from mxoid import ProgressBar
@@ -107,6 +210,7 @@ class ProgressBar(Extension):
     """
 
     rank_zero_only = True
+    in_flight = 2
 
     def __init__(
         self,
@@ -122,45 +226,79 @@ class ProgressBar(Extension):
         self.file = file
         self.bar: Optional[tqdm] = None
         self.postfix: Dict[str, str] = {}
+        self.computed = 0
         self._epoch_length: Optional[int] = None
+        self._pending: Deque[mx.nd.NDArray] = deque()
+        self._tokens: List[mx.nd.NDArray] = []
+        self._next_token = 0
 
     def before_epoch(self) -> None:
         """Open a new bar for the epoch, closing the previous one."""
         self._open(initial=0)
 
     def after_batch(self, batch: Any) -> None:
-        """Advance the bar by one batch and show the row's numeric records beside it.
+        """Count the batches computed by now (at most ``in_flight`` behind), show the records.
 
         A run resumed in the middle of an epoch opens its bar here, at the
         batches already done in the epoch.
         """
         if self.bar is None:  # resumed in the middle of an epoch
             self._open(initial=self.main_loop.status.iterations_done_in_epoch - 1)
+        self._pending.append(self._token())
+        while len(self._pending) > self.in_flight:
+            self._pending.popleft().wait_to_read()
+            self._count(1)
         self._show_records()
-        self.bar.update(1)
 
     def after_epoch(self) -> None:
-        """Note the epoch's length for the next bar, show the last records, close the bar."""
+        """Count what is left, note the epoch's length for the next bar, close the bar."""
         self._epoch_length = self.main_loop.status.iterations_done_in_epoch
         if self.bar is not None:
+            self._drain()
             self._show_records()
         self._close()
 
     def after_training(self) -> None:
-        """Close the bar."""
+        """Count the batches left in flight, then close the bar."""
+        if self.bar is not None:
+            self._drain()
         self._close()
 
     def on_interrupt(self) -> None:
-        """Close the bar."""
-        self._close()
+        """Count the batches left in flight, then close the bar."""
+        self.after_training()
 
     def on_error(self, exception: BaseException) -> None:
-        """Close the bar."""
+        """Close the bar (without waiting for the engine, which may hold the error)."""
         self._close()
+
+    def _token(self) -> mx.nd.NDArray:
+        """Return a small array the engine writes once this batch's outputs are computed."""
+        manager = self.main_loop.manager
+        output = manager.outputs[manager.output_names[0]][0]
+        if not self._tokens:
+            self._tokens = [
+                mx.nd.zeros((1,) + output.shape[1:], output.context, output.dtype)
+                for _ in range(self.in_flight + 1)
+            ]
+        token = self._tokens[self._next_token]
+        self._next_token = (self._next_token + 1) % len(self._tokens)
+        output[:1].copyto(token)
+        return token
+
+    def _drain(self) -> None:
+        while self._pending:
+            self._pending.popleft().wait_to_read()
+            self._count(1)
+
+    def _count(self, batches: int) -> None:
+        self.computed += batches
+        self.bar.update(batches)
 
     def _open(self, initial: int) -> None:
         self._close()
         total = self._epoch_length or batches_per_epoch(self.main_loop.train_data)
+        self.computed = initial
         self.bar = tqdm(
             total=total,
             initial=initial,
@@ -171,7 +309,7 @@ class ProgressBar(Extension):
             dynamic_ncols=True,
         )
         if self.postfix:
-            self.bar.set_postfix(self.postfix, refresh=False)
+            self.bar.set_postfix_str(self._postfix_text(), refresh=False)
 
     def _show_records(self) -> None:
         row = self.main_loop.log.get(self.main_loop.status.iterations_done)
@@ -184,9 +322,22 @@ class ProgressBar(Extension):
         }
         if numbers:
             self.postfix.update(numbers)
-            self.bar.set_postfix(self.postfix, refresh=False)
+            self.bar.set_postfix_str(self._postfix_text(), refresh=False)
+
+    def _postfix_text(self) -> str:
+        """Return the records that fit beside a readable bar on this terminal."""
+        width = shutil.get_terminal_size((100, 24)).columns
+        room = max(0, width - 60)  # the description, the counts, the times and a bar
+        shown: List[str] = []
+        for name, value in self.postfix.items():
+            item = f"{name}={value}"
+            if len(", ".join(shown + [item])) > room:
+                break
+            shown.append(item)
+        return ", ".join(shown)
 
     def _close(self) -> None:
         if self.bar is not None:
+            self._pending.clear()
             self.bar.close()
             self.bar = None

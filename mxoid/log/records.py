@@ -27,6 +27,7 @@ __all__ = [
     "NAN_DETECTED",
     "RESUMED_FROM",
     "TRAINING_FINISH_REQUESTED",
+    "counted",
     "RecordReader",
     "format_value",
     "plain_value",
@@ -146,3 +147,14 @@ def format_value(value: Any) -> str:
     if isinstance(value, float) and math.isfinite(value):
         return f"{value:.6g}"
     return str(value)
+
+
+def counted(number: int, noun: str) -> str:
+    """Return ``'1 epoch'``, ``'2 epochs'``, ``'3 batches'``: a number and its noun."""
+    if number == 1:
+        return f"{number} {noun}"
+    return (
+        f"{number} {noun}es"
+        if noun.endswith(("ch", "sh", "s", "x")) and noun != "epoch"
+        else f"{number} {noun}s"
+    )

@@ -1,19 +1,26 @@
 """Printing and ProgressBar: what they show, and when they stay quiet."""
 
 import io
+import os
+import time
 
 import mxnet as mx
 import numpy as np
 import pytest
+from conftest import classification_data
 from scripted import Script, small_loop
 
-from mxoid import FinishAfter, Printing, ProgressBar
+from mxoid import Extension, FinishAfter, MainLoop, Printing, ProgressBar, TrackBest
 from mxoid.checkpoint.data_position import batches_per_epoch
 
 
 def test_printing_reports_status_and_records_after_each_epoch_and_at_the_end(capsys):
     loop = small_loop(
-        [Printing(), Script("valid_loss", [0.5, np.float32(0.25)]), FinishAfter(after_n_epochs=2)]
+        [
+            Printing(verbose=True),
+            Script("valid_loss", [0.5, np.float32(0.25)]),
+            FinishAfter(after_n_epochs=2),
+        ]
     ).run()
     out = capsys.readouterr().out
     assert out.count("AFTER ANOTHER EPOCH") == 2 and out.count("TRAINING HAS BEEN FINISHED") == 1
@@ -27,7 +34,10 @@ def test_printing_reports_status_and_records_after_each_epoch_and_at_the_end(cap
 
 def test_printing_every_n_batches(capsys):
     small_loop(
-        [Printing(every_n_batches=2, after_training=False), FinishAfter(after_n_epochs=1)]
+        [
+            Printing(verbose=True, every_n_batches=2, after_training=False),
+            FinishAfter(after_n_epochs=1),
+        ]
     ).run()
     out = capsys.readouterr().out
     assert out.count("AFTER ANOTHER BATCH") == 2 and out.count("AFTER ANOTHER EPOCH") == 1
@@ -108,7 +118,11 @@ def test_printing_reports_a_resumption(tmp_path, capsys):
         return MainLoop(
             mlp(),
             train,
-            extensions=[FinishAfter(after_n_epochs=limit), Printing(), Checkpoint(str(tmp_path))],
+            extensions=[
+                FinishAfter(after_n_epochs=limit),
+                Printing(verbose=True),
+                Checkpoint(str(tmp_path)),
+            ],
             resume_from=str(tmp_path) if resume else None,
         )
 
@@ -118,3 +132,116 @@ def test_printing_reports_a_resumption(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.index("TRAINING RESUMED") < out.index("AFTER ANOTHER EPOCH")
     assert "epochs_done: 1" in out.split("AFTER ANOTHER EPOCH")[0]
+
+
+def test_printing_says_one_line_when_training_starts_each_epoch_and_at_the_end(capsys):
+    import re
+
+    small_loop(
+        [
+            Printing(every_n_batches=3),
+            Script("valid_loss", [0.5, np.float32(0.25)]),
+            TrackBest("valid_loss"),
+            FinishAfter(after_n_epochs=2),
+        ],
+        contexts=[mx.cpu(0), mx.cpu(1)],
+    ).run()
+    lines = re.sub(r"\d+\.\d s", "T s", capsys.readouterr().out).splitlines()
+    assert lines == [
+        "Training starts: 4 batches per epoch of 25 samples on 2 devices (cpu(0), cpu(1)).",
+        "Batch 3 (epoch 1, T s)",
+        "Epoch 1 (4 batches, T s): valid_loss 0.5, valid_loss_best_so_far 0.5",
+        "Batch 6 (epoch 2, T s)",
+        "Epoch 2 (4 batches, T s): valid_loss 0.25, valid_loss_best_so_far 0.25",
+        "Training finished after 2 epochs and 8 batches (T s): FinishAfter: 2 epochs done.",
+    ]
+
+
+def test_printing_through_python_logging(caplog):
+    import logging
+
+    with caplog.at_level(logging.INFO, logger="training"):
+        small_loop(
+            [Printing(logger=logging.getLogger("training")), FinishAfter(after_n_epochs=1)]
+        ).run()
+    messages = [r.getMessage() for r in caplog.records if r.name == "training"]
+    assert messages[0].startswith("Training starts: 4 batches per epoch")
+    assert messages[1].startswith("Epoch 1 (4 batches, ")
+    assert messages[2].startswith("Training finished after 1 epoch and 4 batches")
+
+
+FORWARDS = []  # one entry per forward pass the engine has run of SlowIdentity
+
+
+class SlowIdentity(mx.operator.CustomOp):
+    """The identity, taking 20 ms on MXNet's engine: the loop runs ahead of it."""
+
+    def forward(self, is_train, req, in_data, out_data, aux):
+        time.sleep(0.02)
+        self.assign(out_data[0], req[0], in_data[0])
+        FORWARDS.append(1)
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        self.assign(in_grad[0], req[0], out_grad[0])
+
+
+@mx.operator.register("mxoid_slow_identity")
+class SlowIdentityProp(mx.operator.CustomOpProp):
+    def __init__(self):
+        super().__init__(need_top_grad=True)
+
+    def infer_shape(self, in_shape):
+        return in_shape, in_shape, []
+
+    def create_operator(self, ctx, shapes, dtypes):
+        return SlowIdentity()
+
+
+class CountWhatIsComputed(Extension):
+    """After the bar: how far its count is behind the loop, and ahead of the engine."""
+
+    def __init__(self, bar):
+        super().__init__(priority=400)
+        self.bar, self.behind, self.ahead = bar, [], []
+
+    def after_batch(self, batch):
+        status = self.main_loop.status
+        done_before = status.iterations_done - status.iterations_done_in_epoch
+        self.behind.append(status.iterations_done - done_before - self.bar.computed)
+        self.ahead.append(done_before + self.bar.computed - len(FORWARDS))
+
+
+def test_the_progress_bar_counts_computed_batches_at_most_two_behind():
+    data = mx.sym.Variable("data")
+    slow = mx.sym.Custom(data, op_type="mxoid_slow_identity")
+    net = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(slow, num_hidden=3, name="fc"), name="softmax")
+    X, y = classification_data(n=100)
+    bar = ProgressBar(disable=False, file=io.StringIO())
+    probe = CountWhatIsComputed(bar)
+    FORWARDS.clear()
+    MainLoop(
+        net,
+        mx.io.NDArrayIter(X, y, batch_size=10),
+        extensions=[bar, probe, FinishAfter(after_n_epochs=2)],
+    ).run()
+    assert max(probe.ahead) <= 0  # never a batch counted before the engine computed it
+    assert max(probe.behind) <= ProgressBar.in_flight == 2 and min(probe.behind) >= 0
+    assert max(probe.behind) == 2  # the loop did run ahead: the count waited for the engine
+    assert bar.computed == 10  # every batch of the epoch counted at its end
+
+
+def test_the_progress_bar_stays_readable_on_a_narrow_terminal(monkeypatch):
+    import shutil
+
+    monkeypatch.setattr(
+        shutil, "get_terminal_size", lambda fallback=None: os.terminal_size((80, 24))
+    )
+    screen = io.StringIO()
+    names = [f"record_{i}" for i in range(12)]
+    small_loop(
+        [ProgressBar(disable=False, file=screen)]
+        + [Script(name, [0.123456]) for name in names]
+        + [FinishAfter(after_n_epochs=1)]
+    ).run()
+    last = screen.getvalue().split("\r")[-1]
+    assert "record_0=0.123456" in last and "record_11" not in last
