@@ -24,7 +24,8 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import __version__
-from .log.files import EPOCHS_DONE, ITERATION, RUN, read_log
+from .log.files import EPOCHS_DONE, ITERATION, RUN, continued_rows, parse_log_file, read_log
+from .log.records import TIMING_RECORDS, is_marker
 
 __all__ = [
     "PLOT_EXTRA",
@@ -238,11 +239,37 @@ def _interpolate(x: float, xp: List[int], fp: List[int]) -> float:
     return fp[-1] + (x - xp[-1]) * (fp[-1] - fp[-2]) / (xp[-1] - xp[-2])
 
 
-def plot(args: argparse.Namespace) -> int:
-    """``mxoid plot``: draw the learning curves of ``args.log`` into ``args.output``.
+def plot_records(rows: Sequence[Dict[str, Any]]) -> List[str]:
+    """Return the records ``mxoid plot`` draws by default: the numeric ones that measure.
 
-    One panel per family of :func:`metric_families`, a line per record,
-    against epochs (:func:`epoch_positions`) or iterations.
+    Markers (``<record>_best_iteration``, ``<record>_new_best``,
+    ``<record>_best_checkpoint``) and the timings of Timing are left out.
+    """
+    return [
+        name
+        for name in _record_names(rows)
+        if _numeric(rows, name) and not is_marker(name) and name not in TIMING_RECORDS
+    ]
+
+
+def _run_title(path: str) -> str:
+    """Name the run a log file holds: the file, the run number, when it started."""
+    contents = parse_log_file(path)
+    rows = continued_rows(contents)
+    runs = sorted({row[RUN] for row in rows})
+    started = contents.started.get(runs[0]) if runs else None
+    text = f"{os.path.basename(path)}: run {runs[-1] if runs else 1}"
+    if len(runs) > 1:
+        text += f" (resumed {len(runs) - 1}x)"
+    return text + (f", started {started}" if started else "")
+
+
+def plot(args: argparse.Namespace) -> int:
+    """``mxoid plot``: draw the learning curves of ``args.logs`` into ``args.output``.
+
+    One panel per family of :func:`metric_families`, a line per record and
+    log file, against epochs (:func:`epoch_positions`, integer ticks) or
+    iterations. A resumed run is drawn as one run.
 
     Raises
     ------
@@ -254,36 +281,52 @@ def plot(args: argparse.Namespace) -> int:
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
+        from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise InputError(PLOT_EXTRA) from None
-    rows = _load(args.log)
-    records = select_records(rows, _split_names(args.records), args.log)
-    for name in records:
-        if not _numeric(rows, name):
-            raise InputError(f"{args.log}: record {name!r} holds no numbers; it cannot be plotted")
+    logs = [(path, _load(path)) for path in args.logs]
+    wanted = _split_names(args.records)
+    records: List[str] = []
+    for path, rows in logs:
+        chosen = select_records(rows, wanted, path) if wanted else plot_records(rows)
+        for name in chosen:
+            if not _numeric(rows, name):
+                raise InputError(f"{path}: record {name!r} holds no numbers; it cannot be plotted")
+        records += [name for name in chosen if name not in records]
+    if not records:
+        raise InputError(f"{args.logs[0]}: no record to plot")
     families = metric_families(records)
-    if args.x == "epoch":
-        positions, xlabel = epoch_positions(rows), "epoch"
-    else:
-        positions, xlabel = [float(row[ITERATION]) for row in rows], "iteration (batches done)"
+    overlay = len(logs) > 1
     columns = min(3, len(families))
     lines = math.ceil(len(families) / columns)
     figure = Figure(figsize=(4.8 * columns, 3.4 * lines), dpi=args.dpi, layout="constrained")
     FigureCanvasAgg(figure)
     for index, (family, members) in enumerate(families.items(), start=1):
         axes = figure.add_subplot(lines, columns, index)
-        for label, name in members:
-            points = [
-                (x, row[name]) for x, row in zip(positions, rows) if _is_number(row.get(name))
-            ]
-            xs, ys = zip(*points)
-            axes.plot(xs, ys, marker="o" if len(points) <= 50 else None, markersize=3, label=label)
+        for path, rows in logs:
+            if args.x == "epoch":
+                positions = epoch_positions(rows)
+            else:
+                positions = [float(row[ITERATION]) for row in rows]
+            for label, name in members:
+                points = [
+                    (x, row[name]) for x, row in zip(positions, rows) if _is_number(row.get(name))
+                ]
+                if not points:
+                    continue
+                xs, ys = zip(*points)
+                if overlay:
+                    label = f"{os.path.splitext(os.path.basename(path))[0]}: {label}"
+                axes.plot(
+                    xs, ys, marker="o" if len(points) <= 50 else None, markersize=3, label=label
+                )
         axes.set_title(family)
-        axes.set_xlabel(xlabel)
+        axes.set_xlabel("epoch" if args.x == "epoch" else "iteration (batches done)")
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.grid(True, alpha=0.3)
-        if len(members) > 1 or members[0][0] != family:
+        if overlay or len(members) > 1 or members[0][0] != family:
             axes.legend()
-    figure.suptitle(os.path.basename(args.log))
+    figure.suptitle(" vs ".join(_run_title(path) for path, _ in logs))
     try:
         figure.savefig(args.output)
     except (OSError, ValueError) as error:
@@ -309,7 +352,7 @@ def _parser() -> argparse.ArgumentParser:
         help="print a log as a table, a line per row (per epoch for epoch records)",
         description="Print the rows of a JSON-lines or CSV log that hold any of the chosen "
         "records, as a table: iteration, epochs_done, then a column per record "
-        "('-' where a row lacks it). Only the last run in the file, unless "
+        "('-' where a row lacks it). Only the last training (a resumed run joined to the one it resumed), unless "
         "--all-runs.",
     )
     show_parser.add_argument("log", metavar="LOG", help="a .jsonl or .csv log file")
@@ -324,11 +367,15 @@ def _parser() -> argparse.ArgumentParser:
     plot_parser = commands.add_parser(
         "plot",
         help="plot learning curves to an image (needs matplotlib: mxoid[plot])",
-        description="Plot the records of a log, one panel per metric family (train_accuracy, "
-        "valid_accuracy and test_accuracy share the panel 'accuracy'), against "
-        "epochs. Needs matplotlib: pip install 'mxoid[plot]'.",
+        description="Plot the metric records of a log, one panel per metric family "
+        "(train_accuracy, valid_accuracy and test_accuracy share the panel 'accuracy'), "
+        "against epochs; markers and timings are left out unless named in --records. A "
+        "resumed run is drawn as one run; several logs are overlaid. Needs matplotlib: "
+        "pip install 'mxoid[plot]'.",
     )
-    plot_parser.add_argument("log", metavar="LOG", help="a .jsonl or .csv log file")
+    plot_parser.add_argument(
+        "logs", metavar="LOG", nargs="+", help="a .jsonl or .csv log file; several are overlaid"
+    )
     plot_parser.add_argument(
         "-o",
         "--output",

@@ -11,7 +11,15 @@ import mxnet as mx
 import pytest
 from conftest import classification_data, mlp
 
-from mxoid import CSVLog, Evaluate, FinishAfter, JSONLinesLog, MainLoop, TrainingMonitoring
+from mxoid import (
+    Checkpoint,
+    CSVLog,
+    Evaluate,
+    FinishAfter,
+    JSONLinesLog,
+    MainLoop,
+    TrainingMonitoring,
+)
 from mxoid.cli import PLOT_EXTRA, epoch_positions, main, metric_families
 from mxoid.log.files import read_log
 
@@ -157,11 +165,12 @@ def test_plot_writes_a_png_with_a_panel_per_family(digits_log, tmp_path, capsys)
     output = tmp_path / "curves.png"
     status, out, err = run_main(["plot", digits_log, "-o", output], capsys)
     assert status == 0 and err == ""
-    # accuracy, cross_entropy (train, valid, test each) and accuracy_best_checkpoint
-    assert out.strip() == f"wrote {output}: 3 panel(s), 7 record(s)"
+    # accuracy and cross_entropy (train, valid, test each); the best-checkpoint marker and
+    # the timings are left out
+    assert out.strip() == f"wrote {output}: 2 panel(s), 6 record(s)"
     width, height, size = png_size(output)
-    # 3 panels of 4.8 x 3.4 inches at 100 dpi (matplotlib may round a pixel off)
-    assert abs(width - 1440) <= 2 and abs(height - 340) <= 2
+    # 2 panels of 4.8 x 3.4 inches at 100 dpi (matplotlib may round a pixel off)
+    assert abs(width - 960) <= 2 and abs(height - 340) <= 2
     assert 20_000 < size < 2_000_000
 
     status, out, _ = run_main(
@@ -319,3 +328,69 @@ def test_console_script_and_python_m(digits_log, tmp_path):
     out, err = failed.communicate(timeout=60)
     assert failed.returncode == 1 and out == ""
     assert err == f"mxoid show: error: {tmp_path / 'none.csv'}: no such log file\n"
+
+
+def drawn_figure(argv, monkeypatch, capsys):
+    """Run mxoid plot and return the matplotlib figure it saved."""
+    from matplotlib.figure import Figure
+
+    saved = []
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **k: saved.append(self))
+    status, out, err = run_main(["plot", *argv], capsys)
+    assert status == 0, err
+    return saved[0]
+
+
+def test_plot_has_integer_epoch_ticks_a_title_naming_the_run_and_overlays_logs(
+    digits_log, tmp_path, monkeypatch, capsys
+):
+    figure = drawn_figure([digits_log, "-o", tmp_path / "one.png"], monkeypatch, capsys)
+    for axes in figure.axes:
+        assert all(float(tick).is_integer() for tick in axes.get_xticks())
+        assert axes.get_title() in ("accuracy", "cross_entropy")
+    assert figure._suptitle.get_text().startswith("log.jsonl: run 1, started 20")
+    other = tmp_path / "other.jsonl"
+    other.write_text(digits_log.read_text())
+    figure = drawn_figure([digits_log, other, "-o", tmp_path / "two.png"], monkeypatch, capsys)
+    labels = [line.get_label() for line in figure.axes[0].get_lines()]
+    assert "log: train" in labels and "other: train" in labels and len(labels) == 6
+    assert " vs other.jsonl: run 1" in figure._suptitle.get_text()
+
+
+def test_show_and_plot_a_resumed_run_as_one_run(tmp_path, monkeypatch, capsys):
+    X, y = classification_data(n=200)
+
+    def run(epochs, resume):
+        train = mx.io.NDArrayIter(X, y, batch_size=20, label_name="softmax_label")
+        valid = mx.io.NDArrayIter(X[:60], y[:60], batch_size=20, label_name="softmax_label")
+        MainLoop(
+            mlp(),
+            train,
+            optimizer_params={"learning_rate": 0.1},
+            extensions=[
+                FinishAfter(after_n_epochs=epochs),
+                Evaluate({"valid": valid}, "acc"),
+                Checkpoint(str(tmp_path / "ck")),
+                JSONLinesLog(tmp_path / "log.jsonl"),
+            ],
+            resume_from=str(tmp_path / "ck") if resume else None,
+        ).run()
+
+    run(2, False)
+    run(4, True)
+    status, out, _ = run_main(["show", tmp_path / "log.jsonl"], capsys)
+    header, rows = parse_table(out)
+    assert status == 0 and [row[header.index("epochs_done")] for row in rows] == [
+        "1",
+        "2",
+        "3",
+        "4",
+    ]
+    figure = drawn_figure([tmp_path / "log.jsonl", "-o", tmp_path / "c.png"], monkeypatch, capsys)
+    (line,) = figure.axes[0].get_lines()
+    assert list(line.get_xdata()) == [1, 2, 3, 4]
+    assert "run 2 (resumed 1x)" in figure._suptitle.get_text()
+    status, out, _ = run_main(["show", tmp_path / "log.jsonl", "--all-runs"], capsys)
+    header, rows = parse_table(out)
+    # The runs as written, apart: the resumed run wrote the row it resumed at (epoch 2) again.
+    assert [row[0] for row in rows] == ["1", "1", "2", "2", "2"]

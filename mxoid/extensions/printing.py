@@ -14,7 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..checkpoint.data_position import batches_per_epoch
-from ..log.records import counted, format_value
+from ..log.records import BEST_ITERATION, NEW_BEST, counted, format_value
 from .base import Extension
 
 __all__ = ["Printing", "ProgressBar"]
@@ -148,7 +148,7 @@ class Printing(Extension):
             for name, value in row.items()
             if isinstance(value, (int, float, np.number))
             and not isinstance(value, bool)
-            and not name.endswith(("_best_iteration", "_new_best"))
+            and not name.endswith((BEST_ITERATION, NEW_BEST))
         ]
         return (": " + ", ".join(numbers)) if numbers else ""
 

@@ -20,7 +20,14 @@ from ..checkpoint import (
     remove_checkpoint,
     write_checkpoint,
 )
-from ..log.records import CHECKPOINT_SAVED_TO, MISSING, NAN_DETECTED, RecordReader, to_float
+from ..log.records import (
+    BEST_CHECKPOINT,
+    CHECKPOINT_SAVED_TO,
+    MISSING,
+    NAN_DETECTED,
+    RecordReader,
+    to_float,
+)
 from .base import Extension
 from .selection import BestValue
 
@@ -354,7 +361,7 @@ class Checkpoint(Extension):
             return False
         if not self.best.update(to_float(value, self.save_best_of), log.status.iterations_done):
             return False
-        log.current_row[f"{self.save_best_of}_best_checkpoint"] = self.best.value
+        log.current_row[self.save_best_of + BEST_CHECKPOINT] = self.best.value
         return True
 
     def _save_best(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Optional
 
-from ..log.records import MISSING, RecordReader, to_float
+from ..log.records import BEST_ITERATION, BEST_SO_FAR, MISSING, NEW_BEST, RecordReader, to_float
 from .base import Extension
 
 __all__ = ["BestValue", "TrackBest"]
@@ -79,11 +79,11 @@ class TrackBest(Extension):
     Each time ``record`` is written (checked after every epoch by default;
     give ``every_n_batches=N`` or ``after_batch=True`` for records written
     between epochs), writes ``<record>_best_so_far`` (the best value) and
-    ``<record>_best_iteration`` (its row in the log) into the current row.
-    A new best was reached in a row exactly when ``<record>_best_iteration``
-    equals that row's iteration; a checkpoint that keeps the best model
-    tests that. Unlike Blocks' ``TrackTheBest``, ``<record>_best_so_far``
-    is the value, not a flag.
+    ``<record>_best_iteration`` (its row in the log) into the current row,
+    and ``<record>_new_best = True`` when the value is a new best, as Blocks'
+    ``TrackTheBest`` flag: ``OnLogRecord('<record>_new_best')`` is the firing
+    condition of an extension that acts on the best model (a checkpoint, for
+    instance). Unlike Blocks', ``<record>_best_so_far`` is the value.
 
     The extension runs at priority 10 by default: after the extensions that
     write records (priority 0), before log writers and checkpoints.
@@ -113,9 +113,9 @@ class TrackBest(Extension):
     def __init__(self, record: str, mode: str = "min", **kwargs: Any) -> None:
         self.reader = RecordReader(record)
         self.best = BestValue(mode)
-        self.best_so_far_name = f"{record}_best_so_far"
-        self.best_iteration_name = f"{record}_best_iteration"
-        self.new_best_name = f"{record}_new_best"
+        self.best_so_far_name = record + BEST_SO_FAR
+        self.best_iteration_name = record + BEST_ITERATION
+        self.new_best_name = record + NEW_BEST
         kwargs.setdefault("priority", 10)
         kwargs.setdefault("after_epoch", True)
         kwargs.setdefault("on_resumption", True)

@@ -5,14 +5,10 @@ from __future__ import annotations
 from time import perf_counter
 from typing import Any, Tuple
 
+from ..log.records import SAMPLES_PER_SECOND, TIME_EPOCH, TIME_PER_BATCH, TIME_TOTAL
 from .base import Extension
 
 __all__ = ["Timing"]
-
-TIME_PER_BATCH = "time_per_batch"
-TIME_EPOCH = "time_epoch"
-SAMPLES_PER_SECOND = "samples_per_second"
-TIME_TOTAL = "time_total"
 
 
 class Timing(Extension):

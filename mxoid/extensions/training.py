@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 import mxnet as mx
 
 from ..distributed.servers import is_distributed
+from ..log.records import LEARNING_RATE
 from .base import Extension
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -15,7 +16,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["LearningRateSchedule"]
 
-LEARNING_RATE = "learning_rate"
 
 Schedule = Union[mx.lr_scheduler.LRScheduler, Callable[["TrainingStatus"], float]]
 

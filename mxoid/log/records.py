@@ -21,15 +21,27 @@ if TYPE_CHECKING:  # pragma: no cover
     from .training_log import TrainingLog
 
 __all__ = [
+    "BEST_CHECKPOINT",
+    "BEST_ITERATION",
+    "BEST_SO_FAR",
     "CHECKPOINT_SAVED_TO",
     "ERROR",
+    "LEARNING_RATE",
+    "MARKER_SUFFIXES",
     "MISSING",
     "NAN_DETECTED",
+    "NEW_BEST",
     "RESUMED_FROM",
+    "SAMPLES_PER_SECOND",
+    "TIME_EPOCH",
+    "TIME_PER_BATCH",
+    "TIME_TOTAL",
+    "TIMING_RECORDS",
     "TRAINING_FINISH_REQUESTED",
-    "counted",
     "RecordReader",
+    "counted",
     "format_value",
+    "is_marker",
     "plain_value",
     "to_float",
 ]
@@ -44,6 +56,27 @@ RESUMED_FROM = "resumed_from"
 """The record a resumed run writes into its first row: the checkpoint it resumed from."""
 ERROR = "error"
 """The record of an error that stopped training: its type, message and origin."""
+LEARNING_RATE = "learning_rate"
+"""The record of :class:`~mxoid.extensions.LearningRateSchedule`: the rate set."""
+TIME_PER_BATCH = "time_per_batch"
+TIME_EPOCH = "time_epoch"
+SAMPLES_PER_SECOND = "samples_per_second"
+TIME_TOTAL = "time_total"
+TIMING_RECORDS = (TIME_PER_BATCH, TIME_EPOCH, SAMPLES_PER_SECOND, TIME_TOTAL)
+"""The records of :class:`~mxoid.extensions.Timing`."""
+BEST_SO_FAR = "_best_so_far"
+BEST_ITERATION = "_best_iteration"
+NEW_BEST = "_new_best"
+BEST_CHECKPOINT = "_best_checkpoint"
+MARKER_SUFFIXES = (BEST_ITERATION, NEW_BEST, BEST_CHECKPOINT)
+"""Endings of records that mark a row rather than measure: ``<record>_best_iteration``,
+``<record>_new_best`` (TrackBest), ``<record>_best_checkpoint`` (Checkpoint)."""
+
+
+def is_marker(name: str) -> bool:
+    """Return whether record ``name`` marks a row (a best, a checkpoint) instead of measuring."""
+    return name.endswith(MARKER_SUFFIXES)
+
 
 MISSING = object()
 """Returned by :meth:`RecordReader.read` when there is no new value to read."""
