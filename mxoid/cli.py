@@ -352,8 +352,8 @@ def _parser() -> argparse.ArgumentParser:
         help="print a log as a table, a line per row (per epoch for epoch records)",
         description="Print the rows of a JSON-lines or CSV log that hold any of the chosen "
         "records, as a table: iteration, epochs_done, then a column per record "
-        "('-' where a row lacks it). Only the last training (a resumed run joined to the one it resumed), unless "
-        "--all-runs.",
+        "('-' where a row lacks it). Only the last training (a resumed run joined to the "
+        "one it resumed), unless --all-runs.",
     )
     show_parser.add_argument("log", metavar="LOG", help="a .jsonl or .csv log file")
     show_parser.add_argument("--records", nargs="+", metavar="NAME", help=records_help)
