@@ -32,6 +32,7 @@ _EXPORTS = {
     "OnLogRecord": "extensions",
     "Printing": "extensions",
     "ProgressBar": "extensions",
+    "ReduceLROnPlateau": "extensions",
     "TensorBoard": "extensions",
     "Timing": "extensions",
     "TrackBest": "extensions",
@@ -40,6 +41,7 @@ _EXPORTS = {
     "TrainingStatus": "log",
     "allreduce_sums": "distributed",
     "read_log": "log",
+    "seed_everything": "checkpoint.random_state",
     "shard": "distributed",
 }
 
@@ -117,6 +119,7 @@ _compat.install_import_hook()
 # first use (they are in __all__, which ruff cannot read, hence the noqa).
 if TYPE_CHECKING:  # pragma: no cover
     from .checkpoint import CheckpointError  # noqa: F401
+    from .checkpoint.random_state import seed_everything  # noqa: F401
     from .distributed import allreduce_sums, shard  # noqa: F401
     from .executor_manager import DataParallelExecutorManager  # noqa: F401
     from .extensions import (  # noqa: F401
@@ -132,6 +135,7 @@ if TYPE_CHECKING:  # pragma: no cover
         OnLogRecord,
         Printing,
         ProgressBar,
+        ReduceLROnPlateau,
         TensorBoard,
         Timing,
         TrackBest,

@@ -45,6 +45,13 @@ __all__ = ["MainLoop"]
 
 logger = logging.getLogger(__name__)
 
+RUN_AGAIN = "run() again in the same process"
+"""The ``resumed_from`` record of a loop whose :meth:`MainLoop.run` is called once more."""
+NOTHING_MORE = (
+    "MainLoop.run() called again trains nothing more: {reason}. Raise the limit that stops it "
+    "first (for instance finish_after.epoch_limit = ...), then call run() again"
+)
+
 
 class MainLoop:
     """Train a symbol on a data iterator, epoch after epoch, until an extension stops it.
@@ -267,6 +274,12 @@ class MainLoop:
         status = self.status
         fire = self.dispatcher.fire
         self._stop_everywhere = False
+        again = status.training_finished
+        if again:  # run() once more: a continuation, as a resumption in this process
+            status.training_finished = status.stop_requested = False
+            status.stop_reason = status.interrupted = None
+            status.epoch_interrupt_received = False
+            self.log.current_row[RESUMED_FROM] = RUN_AGAIN
         try:
             with InterruptHandlers(status):
                 if status.training_started:
@@ -274,6 +287,8 @@ class MainLoop:
                 else:
                     status.training_started = True
                     fire("before_training")
+                if again and status.stop_requested:
+                    warnings.warn(NOTHING_MORE.format(reason=status.stop_reason), stacklevel=2)
                 while not status.stop_requested or self._stop_deferred():
                     if not status.epoch_started:
                         if status.epochs_done > 0:

@@ -11,10 +11,20 @@ same order of samples, same next batch. How depends on the iterator:
   the rows an epoch left over for the next are taken again from that order.
 - An iterator with ``state_dict()`` / ``load_state_dict()`` methods restores
   itself.
-- Any other iterator is replayed: NumPy's and Python's random states of the
-  start of the epoch are restored, the iterator is reset (if the epoch was
-  not the first), and the batches already trained are read and skipped,
-  with a warning.
+- Any other iterator is replayed: a freshly built one is reset as many times
+  as the interrupted run's had been (once per finished epoch), with NumPy's
+  and Python's random states of the start of the epoch restored before the
+  last reset, and the batches already trained in the epoch are read and
+  skipped. That is exact when the iterator's order depends on nothing but
+  how many times it was reset: MXNet's ``ImageRecordIter(round_batch=False)``
+  (its shuffle has its own seed), or an iterator that shuffles from NumPy's
+  global generator at each reset, from the same order each time. Nothing can
+  tell, so a warning says the resumption may not be exact, unless the
+  iterator has an attribute ``resets_are_deterministic = True``. (MXNet's
+  ``ImageRecordIter`` with its default ``round_batch=True`` carries samples
+  over from one epoch to the next, and then reports ``pad`` inconsistently:
+  its resumption is not exact, and an evaluation iterator should use
+  ``round_batch=False``.)
 """
 
 from __future__ import annotations
@@ -28,7 +38,19 @@ import numpy as np
 from .format import ResumeError
 from .random_state import get_random_states, set_random_states
 
-__all__ = ["DataPosition", "batches_per_epoch"]
+__all__ = ["DETERMINISTIC_RESETS", "DataPosition", "batches_per_epoch"]
+
+DETERMINISTIC_RESETS = "resets_are_deterministic"
+"""An iterator with this attribute true says that its order depends only on how many
+times it was reset: its replay on resumption is exact, and no warning is given."""
+REPLAYED = (
+    "{kind} cannot be repositioned directly: it is reset {resets} time(s) and {skips} "
+    "batch(es) are skipped to reach the checkpoint's position. That is exact only if its "
+    "order depends on nothing but how many times it was reset (MXNet's "
+    "ImageRecordIter(round_batch=False) does; round_batch=True does not). Give the iterator "
+    "state_dict() / load_state_dict() to resume it exactly, or set its attribute "
+    "{attribute} = True to say its resets are deterministic"
+)
 
 
 def _repositionable(iterator: Any) -> bool:
@@ -159,23 +181,31 @@ class DataPosition:
         epoch_started: bool,
         batches_done_in_epoch: int,
     ) -> None:
+        """Reset the fresh iterator as often as the interrupted run's was, then skip batches.
+
+        The batches skipped are those already trained in the epoch.
+        """
         it = self.iterator
-        if not epoch_started:
-            # The next epoch starts with the loop's own reset; nothing to skip.
-            return
-        warnings.warn(
-            f"{type(it).__name__} cannot be repositioned directly: replaying the "
-            f"{batches_done_in_epoch} batches of the interrupted epoch to reach the "
-            "checkpoint's position. Give the iterator state_dict()/load_state_dict() "
-            "to avoid this.",
-            stacklevel=3,
-        )
-        if epochs_done > 0:
-            if epoch_start_random is not None:
-                set_random_states(epoch_start_random)
+        # The loop resets the iterator at the start of every epoch but the first. At an
+        # epoch boundary the loop's own reset of the next epoch is still to come.
+        resets = epochs_done if epoch_started else max(0, epochs_done - 1)
+        skips = batches_done_in_epoch if epoch_started else 0
+        if not getattr(it, DETERMINISTIC_RESETS, False):
+            warnings.warn(
+                REPLAYED.format(
+                    kind=type(it).__name__,
+                    resets=resets,
+                    skips=skips,
+                    attribute=DETERMINISTIC_RESETS,
+                ),
+                stacklevel=4,
+            )
+        for count in range(resets):
+            if count == resets - 1 and epoch_start_random is not None:
+                set_random_states(epoch_start_random)  # the random state of the epoch's reset
             it.reset()
         self._epoch_start_random = epoch_start_random
-        for _ in range(batches_done_in_epoch):
+        for _ in range(skips):
             next(it)
 
 

@@ -11,7 +11,7 @@ from typing import Any, Dict
 
 import numpy as np
 
-__all__ = ["get_random_states", "set_random_states"]
+__all__ = ["get_random_states", "seed_everything", "set_random_states"]
 
 
 def get_random_states() -> Dict[str, Any]:
@@ -30,3 +30,18 @@ def set_random_states(state: Dict[str, Any]) -> None:
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
+
+
+def seed_everything(seed: int) -> None:
+    """Seed NumPy's, Python's and MXNet's random generators (every device's) with ``seed``.
+
+    Call it before building the iterators and the loop: NumPy seeds an
+    ``NDArrayIter``'s shuffle, MXNet the initializers and Dropout masks.
+    """
+    import mxnet as mx
+
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    np.random.seed(seed)
+    random.seed(seed)
+    mx.random.seed(seed)

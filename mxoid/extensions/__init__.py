@@ -19,7 +19,7 @@ from .selection import TrackBest
 from .stopping import EarlyStopping, FinishAfter, NaNGuard
 from .tensorboard import TensorBoard
 from .timing import Timing
-from .training import LearningRateSchedule
+from .training import LearningRateSchedule, ReduceLROnPlateau
 
 __all__ = [
     "FIRING_KEYWORDS",
@@ -35,6 +35,7 @@ __all__ = [
     "NaNGuard",
     "OnLogRecord",
     "Printing",
+    "ReduceLROnPlateau",
     "ProgressBar",
     "TensorBoard",
     "Timing",

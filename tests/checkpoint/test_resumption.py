@@ -141,7 +141,7 @@ def test_iterator_without_direct_repositioning_is_replayed_with_a_warning(tmp_pa
         tmp_path / "full", FinishAfter(after_n_epochs=3), iterator_factory=factory
     ).run()
     make_loop(tmp_path / "cut", FinishAfter(after_n_batches=15), iterator_factory=factory).run()
-    with pytest.warns(UserWarning, match="replaying the 5 batches"):
+    with pytest.warns(UserWarning, match=r"reset 1 time\(s\) and 5 batch\(es\) are skipped"):
         resumed = make_loop(
             tmp_path / "cut", FinishAfter(after_n_epochs=3), iterator_factory=factory, resume=True
         )

@@ -4,7 +4,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from conftest import TWO_CPUS
-from scripted import small_loop
+from scripted import Script, small_loop
 
 from mxoid import FinishAfter, LearningRateSchedule
 
@@ -92,3 +92,81 @@ def test_a_bad_rate_is_refused():
         LearningRateSchedule(lambda status: 0.1, every="step")
     with pytest.raises(TypeError, match="callable"):
         LearningRateSchedule(0.1)
+
+
+# ------------------------------------------------------------ ReduceLROnPlateau
+def test_reduce_lr_on_plateau_lowers_the_rate_after_patience_checks_without_improvement():
+    from mxoid import ReduceLROnPlateau
+
+    losses = [1.0, 0.8, 0.9, 0.85, 0.81, 0.7, 0.75, 0.76, 0.77, 0.78]
+    plateau = ReduceLROnPlateau("valid_loss", factor=0.5, patience=2, cooldown=1, min_lr=0.02)
+    loop = small_loop(
+        [Script("valid_loss", losses), plateau, FinishAfter(after_n_epochs=10)], learning_rate=0.1
+    ).run()
+    rates = {i // 4: row["learning_rate"] for i, row in loop.log.items() if "learning_rate" in row}
+    # No gain at epochs 3 and 4: halved at 4. Epoch 5 is the cooldown; 6 improves; no gain at 7
+    # and 8: halved at 8; 9 is the cooldown, and 10 would go below min_lr: 0.025 -> 0.02.
+    assert rates == {4: 0.05, 8: 0.025}
+    assert loop.optimizer.learning_rate == 0.025
+
+
+def test_reduce_lr_on_plateau_never_goes_below_min_lr_and_survives_a_resumption(tmp_path):
+    from mxoid import Checkpoint, ReduceLROnPlateau
+
+    losses = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]
+
+    def run(epochs, resume):
+        script = Script("valid_loss", losses)
+        if resume:
+            script.fired = 3
+        plateau = ReduceLROnPlateau("valid_loss", factor=0.1, patience=2, min_lr=0.005)
+        return small_loop(
+            [script, plateau, FinishAfter(after_n_epochs=epochs), Checkpoint(str(tmp_path))],
+            learning_rate=0.1,
+            resume_from=str(tmp_path) if resume else None,
+        ).run()
+
+    full = small_loop(
+        [
+            Script("valid_loss", losses),
+            ReduceLROnPlateau("valid_loss", factor=0.1, patience=2, min_lr=0.005),
+            FinishAfter(after_n_epochs=7),
+        ],
+        learning_rate=0.1,
+    ).run()
+    run(3, resume=False)
+    resumed = run(7, resume=True)
+    expected = [(i, r["learning_rate"]) for i, r in full.log.items() if "learning_rate" in r]
+    assert [i for i, _ in expected] == [12, 20]  # a tenth, then min_lr; then no lower
+    assert [rate for _, rate in expected] == pytest.approx([0.01, 0.005])
+    got = [(i, r["learning_rate"]) for i, r in resumed.log.items() if "learning_rate" in r]
+    assert got == expected and resumed.optimizer.learning_rate == 0.005
+
+
+# ------------------------------------------------------------ run() again, seeds
+def test_run_again_goes_on_to_a_raised_limit_and_says_when_it_does_nothing():
+    finish = FinishAfter(after_n_epochs=1)
+    loop = small_loop([finish]).run()
+    with pytest.warns(UserWarning, match="trains nothing more: FinishAfter: 1 epochs done"):
+        loop.run()
+    assert loop.status.iterations_done == 4
+    finish.epoch_limit = 3
+    loop.run()
+    assert (loop.status.epochs_done, loop.status.iterations_done) == (3, 12)
+    assert loop.status.training_finished
+
+
+def test_seed_everything_makes_runs_repeat():
+    import random
+
+    from mxoid import seed_everything
+
+    draws = []
+    for _ in range(2):
+        seed_everything(11)
+        draws.append(
+            (np.random.rand(), random.random(), mx.nd.random.uniform(shape=(2,)).asnumpy())
+        )
+    assert draws[0][:2] == draws[1][:2] and (draws[0][2] == draws[1][2]).all()
+    with pytest.raises(ValueError):
+        seed_everything(-1)
