@@ -113,7 +113,7 @@ WORKER_ENV = {
     "PYTHONHASHSEED": "0",
 }
 RTOL, ATOL = 1e-5, 1e-6
-TARGETS_TEXT = "targets of issue 6 (ratios to the hand loop in the same run, medians)"
+TARGETS_TEXT = "targets (ratios to the hand loop in the same run, medians)"
 
 
 # ------------------------------------------------------------------ machine
@@ -573,7 +573,7 @@ def correctness(rows: List[dict]) -> dict:
 
 
 def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
-    """The speed and memory targets of issue 6, for the cells this run has."""
+    """The speed and memory targets, for the cells this run has."""
     index = {
         (r["contender"], r["model"], r["batch_size"], r["contexts"]): r
         for r in rows

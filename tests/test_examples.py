@@ -346,11 +346,21 @@ def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
 
     monkeypatch.chdir(tmp_path)
     namespace = {}
-    blocks = readme_python("Quick start") + readme_python("Writing an extension")
-    assert len(blocks) == 4
-    for block in blocks:
+    blocks = (
+        readme_python("Quick start")
+        + readme_python("Using the trained model")
+        + readme_python("Writing an extension")
+    )
+    assert len(blocks) == 5
+    for block in blocks[:2]:
         exec(compile(block, str(README), "exec"), namespace)
     assert namespace["loop"].log.last("valid_accuracy") > 0.8
+    # The model loaded from the newest checkpoint predicts what Evaluate recorded.
+    accuracy = (namespace["probabilities"].argmax(axis=1) == namespace["y"][1500:]).mean()
+    assert accuracy == pytest.approx(namespace["loop"].log.last("valid_accuracy"), abs=1e-9)
+    assert f"{accuracy}" in capsys.readouterr().out
+    for block in blocks[2:]:
+        exec(compile(block, str(README), "exec"), namespace)
     assert (tmp_path / "log.jsonl").is_file() and any((tmp_path / "checkpoints").iterdir())
     # The two extensions of "Writing an extension" in a loop.
     valid, train = namespace["valid"], namespace["train"]
@@ -422,3 +432,39 @@ def test_a_fresh_clone_skips_the_mnist_tests_saying_how_to_run_them(tmp_path):
     )
     assert done.returncode == 0, done.stdout[-3000:]
     assert "skipped" in done.stdout and f"set {MNIST_VARIABLE} to the folder" in done.stdout
+
+
+def test_readme_distributed_example_runs_under_the_launcher(tmp_path):
+    (block,) = readme_python("Distributed training")
+    script = tmp_path / "train.py"
+    script.write_text(block)
+    env = dict(example_env(), MXNET_CPU_WORKER_NTHREADS="1")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "mxoid",
+            "launch",
+            "-n",
+            "2",
+            "-s",
+            "1",
+            "--timeout",
+            "150",
+            "--",
+            sys.executable,
+            str(script),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    finals = sorted(
+        line.split("] ", 1)[1] for line in done.stdout.splitlines() if "valid accuracy" in line
+    )
+    assert [line.split(":")[0] for line in finals] == ["rank 0", "rank 1"]
+    accuracies = {line.split()[-1] for line in finals}
+    assert len(accuracies) == 1 and float(accuracies.pop()) > 0.85  # summed over the workers
