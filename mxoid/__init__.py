@@ -18,6 +18,7 @@ __version__ = "0.2.0"
 
 _EXPORTS = {
     "Checkpoint": "extensions",
+    "ClipGradientNorm": "extensions",
     "CheckpointError": "checkpoint",
     "CSVLog": "extensions",
     "DataParallelExecutorManager": "executor_manager",
@@ -28,8 +29,10 @@ _EXPORTS = {
     "JSONLinesLog": "extensions",
     "LearningRateSchedule": "extensions",
     "MainLoop": "main_loop",
+    "Monitor": "extensions",
     "NaNGuard": "extensions",
     "OnLogRecord": "extensions",
+    "Predictor": "inference",
     "Printing": "extensions",
     "ProgressBar": "extensions",
     "ReduceLROnPlateau": "extensions",
@@ -40,6 +43,7 @@ _EXPORTS = {
     "TrainingMonitoring": "extensions",
     "TrainingStatus": "log",
     "allreduce_sums": "distributed",
+    "load_params": "checkpoint.loading",
     "read_log": "log",
     "seed_everything": "checkpoint.random_state",
     "shard": "distributed",
@@ -119,11 +123,13 @@ _compat.install_import_hook()
 # first use (they are in __all__, which ruff cannot read, hence the noqa).
 if TYPE_CHECKING:  # pragma: no cover
     from .checkpoint import CheckpointError  # noqa: F401
+    from .checkpoint.loading import load_params  # noqa: F401
     from .checkpoint.random_state import seed_everything  # noqa: F401
     from .distributed import allreduce_sums, shard  # noqa: F401
     from .executor_manager import DataParallelExecutorManager  # noqa: F401
     from .extensions import (  # noqa: F401
         Checkpoint,
+        ClipGradientNorm,
         CSVLog,
         EarlyStopping,
         Evaluate,
@@ -131,6 +137,7 @@ if TYPE_CHECKING:  # pragma: no cover
         FinishAfter,
         JSONLinesLog,
         LearningRateSchedule,
+        Monitor,
         NaNGuard,
         OnLogRecord,
         Printing,
@@ -141,5 +148,6 @@ if TYPE_CHECKING:  # pragma: no cover
         TrackBest,
         TrainingMonitoring,
     )
+    from .inference import Predictor  # noqa: F401
     from .log import TrainingLog, TrainingStatus, read_log  # noqa: F401
     from .main_loop import MainLoop  # noqa: F401

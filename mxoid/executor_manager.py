@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
@@ -93,6 +94,22 @@ def check_contexts(contexts: Any) -> List[mx.Context]:
     return contexts
 
 
+def _check_fixed(names: Sequence[str], param_names: Sequence[str]) -> List[str]:
+    """Return ``names`` as a list, or raise naming the closest parameters of a mistyped one."""
+    if isinstance(names, str):
+        names = [names]
+    names = list(names or ())
+    for name in names:
+        if name not in param_names:
+            close = difflib.get_close_matches(name, param_names, n=3, cutoff=0.5)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise ValueError(
+                f"fixed_param_names has {name!r}, which is not a parameter of the "
+                f"network{hint} Its parameters are {list(param_names)}"
+            )
+    return names
+
+
 def split_batch(batch_size: int, work_load_list: Sequence[float]) -> List[slice]:
     """Split ``batch_size`` rows into one contiguous slice per device.
 
@@ -169,11 +186,24 @@ class DataParallelExecutorManager:
         another batch size) that share the parameter, gradient and auxiliary
         arrays of ``shared_manager`` instead of copying them. Such a manager is
         used for forward passes only.
+    fixed_param_names : sequence of str, optional
+        Parameters that get no gradient (``grad_req='null'``, which also saves
+        their backward work) and are never updated: their ``grad_arrays``
+        entries hold ``None``, as ``Module``'s do. A name that is not a
+        parameter is a ``ValueError`` naming the closest ones.
+    grad_req : {'write', 'add'}, default 'write'
+        How the other parameters' gradients are written: ``'add'`` sums them
+        over backward passes until they are zeroed (gradient accumulation).
+    for_training : bool, default True
+        False binds no gradient at all (inference).
 
     Attributes
     ----------
     param_arrays, grad_arrays, aux_arrays : list of list of NDArray
-        One list per parameter (auxiliary state), one array per device.
+        One list per parameter (auxiliary state), one array per device; a
+        fixed parameter's gradients are ``None``.
+    fixed_param_names : list of str
+        The parameters that are never updated.
     outputs : OutputArrays
         Output name -> one array per device, filled by :meth:`forward`.
     labels : dict of str to list of NDArray
@@ -200,7 +230,12 @@ class DataParallelExecutorManager:
         *,
         work_load_list: Optional[Sequence[float]] = None,
         shared_manager: Optional[DataParallelExecutorManager] = None,
+        fixed_param_names: Sequence[str] = (),
+        grad_req: str = "write",
+        for_training: bool = True,
     ) -> None:
+        if grad_req not in ("write", "add"):
+            raise ValueError(f"grad_req must be 'write' or 'add', got {grad_req!r}")
         self.symbol = symbol
         self.contexts = list(contexts)
         if not self.contexts:
@@ -216,6 +251,9 @@ class DataParallelExecutorManager:
         self._check_input_names()
         inputs = set(self.data_names) | set(self.label_names)
         self.param_names = [n for n in self.arg_names if n not in inputs]
+        self.fixed_param_names = _check_fixed(fixed_param_names, self.param_names)
+        self.grad_req = grad_req
+        self.for_training = for_training
         self.output_names = [output_short_name(n) for n in symbol.list_outputs()]
         self.batch_size = int(self.data_descs[0].shape[0])
         for desc in self.data_descs + self.label_descs:
@@ -239,7 +277,7 @@ class DataParallelExecutorManager:
 
         execs = self.executors
         self.param_arrays = [[e.arg_dict[n] for e in execs] for n in self.param_names]
-        self.grad_arrays = [[e.grad_dict[n] for e in execs] for n in self.param_names]
+        self.grad_arrays = [[e.grad_dict.get(n) for e in execs] for n in self.param_names]
         self.aux_arrays = [[e.aux_dict[n] for e in execs] for n in self.aux_names]
         self.outputs = OutputArrays(
             (name, [e.outputs[j] for e in execs]) for j, name in enumerate(self.output_names)
@@ -257,6 +295,8 @@ class DataParallelExecutorManager:
         self._pad = 0
         self.valid_rows = [s.stop - s.start for s in self.slices]
         self._evaluation_managers: Dict[tuple, DataParallelExecutorManager] = {}
+        self._next_pass: Optional[List[mx.executor.Executor]] = None
+        self._grads_by_device: Optional[List[List[mx.nd.NDArray]]] = None
 
     # ------------------------------------------------------------------ binding
     def _check_input_names(self) -> None:
@@ -281,6 +321,16 @@ class DataParallelExecutorManager:
                 f"{sorted(given)}; name the iterator's data and label after the symbol's inputs"
             )
 
+    def _grad_req(self, name: str, inputs: Mapping[str, tuple]) -> str:
+        """Return how ``name``'s gradient is written: ``'null'`` or ``grad_req``.
+
+        ``'null'`` for inputs and fixed parameters (no gradient, and no backward
+        work for them), and for everything when not for training.
+        """
+        if not self.for_training or name in inputs or name in self.fixed_param_names:
+            return "null"
+        return self.grad_req
+
     def _input_shapes(self, device: int) -> Tuple[Dict[str, tuple], Dict[str, np.dtype]]:
         rows = self.slices[device].stop - self.slices[device].start
         shapes = {d.name: (rows,) + tuple(d.shape[1:]) for d in self.data_descs + self.label_descs}
@@ -291,7 +341,7 @@ class DataParallelExecutorManager:
         shapes, types = self._input_shapes(device)
         try:
             if self.shared_manager is None:
-                grad_req = {n: ("null" if n in shapes else "write") for n in self.arg_names}
+                grad_req = {n: self._grad_req(n, shapes) for n in self.arg_names}
                 return self.symbol.simple_bind(ctx, grad_req=grad_req, type_dict=types, **shapes)
             return self._bind_shared(device, ctx, shapes, types)
         except (mx.base.MXNetError, RuntimeError) as error:
@@ -321,8 +371,11 @@ class DataParallelExecutorManager:
                         f"parameter {name!r} has shape {tuple(shape)} for these inputs "
                         f"but {args[name].shape} in training; it cannot be shared"
                     )
-                grads[name] = base.grad_dict[name]
-                grad_req[name] = "write"
+                if base.grad_dict.get(name) is None:  # a fixed parameter: it never changes
+                    grad_req[name] = "null"
+                else:
+                    grads[name] = base.grad_dict[name]
+                    grad_req[name] = "write"
         return self.symbol.bind(
             ctx,
             args=args,
@@ -364,10 +417,14 @@ class DataParallelExecutorManager:
         return self._evaluation_managers[key]
 
     # ----------------------------------------------------------------- batches
-    def load_data_batch(self, batch: mx.io.DataBatch) -> None:
-        """Copy a batch's data and labels into the executors, one slice per device."""
+    def load_data_batch(self, batch: mx.io.DataBatch, labels: bool = True) -> None:
+        """Copy a batch's data and labels into the executors, one slice per device.
+
+        ``labels=False`` copies the data only (inference: a forward pass with
+        ``is_train=False`` does not read the labels).
+        """
         self._load(batch.data, self._data_targets)
-        if self._label_targets:
+        if labels and self._label_targets:
             if not batch.label:
                 raise ValueError(f"the batch has no label but the symbol needs {self.label_names}")
             self._load(batch.label, self._label_targets)
@@ -389,8 +446,22 @@ class DataParallelExecutorManager:
 
     def forward(self, is_train: bool = False) -> None:
         """Run the forward pass on every device (asynchronously)."""
-        for executor in self.executors:
+        for executor in self._next_pass or self.executors:
             executor.forward(is_train=is_train)
+
+    def zero_grads(self) -> None:
+        """Set every gradient to zero (after an update, with ``grad_req='add'``)."""
+        for device_grads in self._device_grads():
+            if device_grads:
+                mx.nd.reset_arrays(*device_grads, num_arrays=len(device_grads))
+
+    def _device_grads(self) -> List[List[mx.nd.NDArray]]:
+        if self._grads_by_device is None:
+            self._grads_by_device = [
+                [grads[k] for grads in self.grad_arrays if grads[k] is not None]
+                for k in range(len(self.executors))
+            ]
+        return self._grads_by_device
 
     def backward(self) -> None:
         """Run the backward pass on every device (asynchronously)."""
@@ -399,8 +470,51 @@ class DataParallelExecutorManager:
                 "a manager that shares another's parameters is for forward passes only"
             )
         self._aux_agree = self._single or not self.aux_names
-        for executor in self.executors:
-            executor.backward()
+        if self._next_pass is None:
+            for executor in self.executors:
+                executor.backward()
+            return
+        for twin, executor in zip(self._next_pass, self.executors):
+            twin.backward()
+            for source, target in zip(twin.outputs, executor.outputs):
+                source.copyto(target)
+        self._next_pass = None
+
+    # ------------------------------------------------------- twin executors
+    def bind_twins(self) -> List[mx.executor.Executor]:
+        """Bind, per device, a second executor that shares every array of the training one.
+
+        Parameters, gradients, auxiliary states, inputs and the memory pool
+        are the training executor's, so a forward and backward pass on the
+        twin trains exactly as one on the training executor would. What the
+        twin adds is a place to install a monitor callback
+        (``executor.set_monitor_callback``) that costs nothing on the batches
+        that do not use it. See :meth:`use_twins_once`.
+        """
+        if self.shared_manager is not None:
+            raise RuntimeError("twins are bound for training managers only")
+        twins = []
+        for executor, ctx in zip(self.executors, self.contexts):
+            grads = {n: g for n, g in executor.grad_dict.items() if g is not None}
+            twins.append(
+                self.symbol.bind(
+                    ctx,
+                    args=executor.arg_dict,
+                    args_grad=grads,
+                    grad_req={n: (self.grad_req if n in grads else "null") for n in self.arg_names},
+                    aux_states=executor.aux_dict,
+                    shared_exec=executor,
+                )
+            )
+        return twins
+
+    def use_twins_once(self, twins: List[mx.executor.Executor]) -> None:
+        """Run the next forward and backward pass on ``twins`` (from :meth:`bind_twins`).
+
+        After that backward pass the twins' outputs are copied into
+        :attr:`outputs`, and the training executors are used again.
+        """
+        self._next_pass = twins
 
     @property
     def pad(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Dict, Mapping, Optional, Tuple
 
 import mxnet as mx
@@ -10,6 +11,8 @@ from .executor_manager import DataParallelExecutorManager
 
 __all__ = ["initial_params", "parameter_shapes", "shape_differences"]
 
+logger = logging.getLogger(__name__)
+
 
 def initial_params(
     manager: DataParallelExecutorManager,
@@ -17,37 +20,61 @@ def initial_params(
     initializer: Optional[mx.init.Initializer],
     arg_params: Optional[Mapping[str, mx.nd.NDArray]],
     aux_params: Optional[Mapping[str, mx.nd.NDArray]],
+    allow_extra: bool = False,
 ) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
     """Host values for every parameter: the given ones, the rest from the initializer.
 
     Missing values are drawn in sorted name order, as ``Module.init_params`` does.
+
+    Parameters
+    ----------
+    allow_extra : bool, default False
+        Ignore (and log) given values the network does not have, as Module's
+        ``allow_extra``: the parameters of a pretrained model with another head.
+
+    Raises
+    ------
+    ValueError
+        For values the network does not have (unless ``allow_extra``), or of
+        another shape than the network's: the message names them and says what
+        to do.
     """
     initializer = initializer or mx.init.Uniform(0.01)
     attrs = symbol.attr_dict()
     values = []
-    for given, names, arrays in (
-        (arg_params, manager.param_names, manager.param_arrays),
-        (aux_params, manager.aux_names, manager.aux_arrays),
+    for kind, given, names, arrays in (
+        ("arg_params", arg_params, manager.param_names, manager.param_arrays),
+        ("aux_params", aux_params, manager.aux_names, manager.aux_arrays),
     ):
         given = dict(given or {})
         shapes = {n: a[0] for n, a in zip(names, arrays)}
         unknown = sorted(set(given) - set(shapes))
-        if unknown:
+        if unknown and not allow_extra:
             raise ValueError(
-                f"initial parameters {unknown} are not parameters of the symbol; "
-                f"its parameters are {sorted(shapes)}"
+                f"{kind} has {unknown}, which this network does not have (its parameters are "
+                f"{sorted(shapes)}). To start from a model with other layers (a pretrained "
+                "network with another head), pass allow_extra=True to ignore them"
+            )
+        if unknown:
+            logger.info("ignoring %s %s: the network does not have them", kind, unknown)
+        wrong = [
+            f"{kind}[{name!r}] has shape {tuple(given[name].shape)}, this network needs "
+            f"{shapes[name].shape}"
+            for name in sorted(set(given) & set(shapes))
+            if tuple(given[name].shape) != shapes[name].shape
+        ]
+        if wrong:
+            names = [w.split("'")[1] for w in wrong]
+            raise ValueError(
+                f"{'; '.join(wrong)} (a new head with other classes?). Leave "
+                f"{', '.join(map(repr, names))} out of the values given and the initializer "
+                "draws them anew"
             )
         result = {}
         for name in sorted(shapes):
             template = shapes[name]
             if name in given:
-                value = given[name]
-                if tuple(value.shape) != template.shape:
-                    raise ValueError(
-                        f"initial value of {name!r} has shape {tuple(value.shape)}, "
-                        f"the symbol needs {template.shape}"
-                    )
-                result[name] = mx.nd.array(value, ctx=mx.cpu(), dtype=template.dtype)
+                result[name] = mx.nd.array(given[name], ctx=mx.cpu(), dtype=template.dtype)
             else:
                 array = mx.nd.zeros(template.shape, ctx=mx.cpu(), dtype=template.dtype)
                 initializer(mx.init.InitDesc(name, attrs.get(name, None)), array)

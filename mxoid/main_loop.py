@@ -8,9 +8,10 @@ import signal
 import sys
 import uuid
 import warnings
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
+import numpy as np
 
 from .checkpoint import CheckpointContents, CheckpointError, ResumeError, find_checkpoint
 from .checkpoint.data_position import DataPosition
@@ -62,9 +63,9 @@ class MainLoop:
     Every batch it loads the data, runs forward and backward, and updates the
     parameters, either on the kvstore or with a local updater per device.
     Extensions see the whole loop (``extension.main_loop``) at the hooks
-    ``before_training``, ``before_epoch``, ``before_batch``, ``after_batch``,
-    ``after_epoch``, ``after_training`` (and ``on_resumption``,
-    ``on_interrupt``, ``on_error``).
+    ``before_training``, ``before_epoch``, ``before_batch``,
+    ``before_update``, ``after_update``, ``after_batch``, ``after_epoch``,
+    ``after_training`` (and ``on_resumption``, ``on_interrupt``, ``on_error``).
 
     Parameters
     ----------
@@ -107,6 +108,25 @@ class MainLoop:
         and ``after_training`` hooks run), exit the process with status
         128 + signal number and a message saying how to resume. False makes
         :meth:`run` return instead.
+    fixed_param_names : sequence of str, optional
+        Parameters that are never updated, as ``Module``'s: they get no
+        gradient (and cost no backward work for themselves) and keep their
+        values through checkpoints and resumption. A name the network lacks is
+        a ``ValueError`` naming the closest ones.
+    allow_extra : bool, default False
+        Ignore (and log) ``arg_params`` / ``aux_params`` the network lacks, as
+        ``Module``'s ``allow_extra``: for a pretrained model with another head.
+    accumulate_batches : int, default 1
+        Sum the gradients of this many consecutive batches on the devices and
+        take one optimizer step per group; ``rescale_grad`` defaults to
+        ``1 / (accumulate_batches * batch_size * workers)``, so that k batches
+        of n train as one batch of k * n. ``status.iterations_done`` counts
+        batches, ``status.updates_done`` optimizer steps (what learning-rate
+        schedules count, as MXNet's optimizers do). A group may span the end
+        of an epoch: every step sums exactly k batches. When training ends in
+        the middle of a group, that group's gradients are not applied (a
+        warning says so); a checkpoint taken in the middle of a group keeps
+        them, and training resumed from it continues the group exactly.
 
     Attributes
     ----------
@@ -171,6 +191,9 @@ class MainLoop:
         extensions: Sequence[Extension] = (),
         resume_from: Optional[os.PathLike[str] | str] = None,
         exit_on_interrupt: bool = True,
+        fixed_param_names: Optional[Sequence[str]] = None,
+        allow_extra: bool = False,
+        accumulate_batches: int = 1,
     ) -> None:
         kv = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         try:
@@ -183,12 +206,23 @@ class MainLoop:
             self.run_id = uuid.uuid4().hex
             self.resumed_from: Optional[str] = None
             self.current_batch: Optional[mx.io.DataBatch] = None
+            if (
+                isinstance(accumulate_batches, bool)
+                or not isinstance(accumulate_batches, int)
+                or accumulate_batches < 1
+            ):
+                raise ValueError(
+                    f"accumulate_batches must be an int >= 1, got {accumulate_batches!r}"
+                )
+            self.accumulate_batches = accumulate_batches
             self.manager = DataParallelExecutorManager(
                 symbol,
                 self.contexts,
                 train_data.provide_data,
                 train_data.provide_label,
                 work_load_list=work_load_list,
+                fixed_param_names=fixed_param_names or (),
+                grad_req="add" if accumulate_batches > 1 else "write",
             )
             kv, on_kvstore = create_kvstore(kvstore, len(self.contexts), update_on_kvstore)
             self._collective = is_distributed(kv)
@@ -202,13 +236,25 @@ class MainLoop:
             if checkpoint is not None:
                 arg_params, aux_params = checkpoint.arg_params, checkpoint.aux_params
             arg_values, aux_values = initial_params(
-                self.manager, symbol, initializer, arg_params, aux_params
+                self.manager,
+                symbol,
+                initializer,
+                arg_params,
+                aux_params,
+                allow_extra=allow_extra or checkpoint is not None,
             )
             # Before the kvstore is initialized: with several devices it holds
             # the master copy, which would overwrite values set later.
             self.manager.set_params(arg_values, aux_values)
             self.update = prepare_update(
-                self.manager, symbol, kv, on_kvstore, optimizer, optimizer_params, arg_values
+                self.manager,
+                symbol,
+                kv,
+                on_kvstore,
+                optimizer,
+                optimizer_params,
+                arg_values,
+                accumulate_batches=accumulate_batches,
             )
             if self._collective:
                 check_equal_steps(kv, train_data)
@@ -312,6 +358,7 @@ class MainLoop:
                     self.request_stop(f"interrupted by {status.interrupted}")
                     fire("on_interrupt")
                 status.training_finished = True
+                self._warn_open_group()
                 self.manager.reconcile_aux_states()
                 self.synchronize()
                 if self._collective and self.update_on_kvstore:
@@ -337,7 +384,7 @@ class MainLoop:
         """Train the rest of the epoch; return False when a stop was requested mid-epoch."""
         status = self.status
         manager = self.manager
-        step = self.update.step
+        step = self._step_function()
         before_batch = self.dispatcher.runner("before_batch")
         after_batch = self.dispatcher.runner("after_batch")
         trained = status.iterations_done_in_epoch
@@ -367,6 +414,60 @@ class MainLoop:
                 "already consumed (call train_data.reset() before the loop)?"
             )
         return True
+
+    def _step_function(self) -> Callable[[], None]:
+        """Return what the loop calls after each backward pass: the update, when due.
+
+        Without gradient accumulation and update hooks, the optimizer step and a
+        count, nothing else. With ``accumulate_batches=k`` the step comes after
+        every k-th batch (a group may span an epoch end), then the gradients are
+        zeroed; ``before_update`` / ``after_update`` fire around it.
+        """
+        status, manager, update = self.status, self.manager, self.update
+        before = self.dispatcher.runner("before_update")
+        after = self.dispatcher.runner("after_update")
+        k = self.accumulate_batches
+        if k == 1 and before is None and after is None:
+            step = update.step
+
+            def plain() -> None:
+                step()
+                status.updates_done += 1
+
+            return plain
+
+        def grouped() -> None:
+            if status.iterations_done + 1 - status.updates_done * k < k:
+                return  # the group goes on: the gradients add up
+            if before is not None:
+                if update.reduce is not None:
+                    update.reduce()
+                before()
+                update.apply()
+            else:
+                update.step()
+            status.updates_done += 1
+            if after is not None:
+                after()
+            if k > 1:
+                manager.zero_grads()
+
+        return grouped
+
+    def _open_group(self) -> int:
+        """Return how many batches of an unfinished accumulation group are trained."""
+        status = self.status
+        return status.iterations_done - status.updates_done * self.accumulate_batches
+
+    def _warn_open_group(self) -> None:
+        open_batches = self._open_group()
+        if open_batches:
+            warnings.warn(
+                f"training ended {open_batches} batch(es) into a group of accumulate_batches="
+                f"{self.accumulate_batches}: their gradients were not applied (a checkpoint "
+                "keeps them, and training resumed from it completes the group)",
+                stacklevel=3,
+            )
 
     def request_stop(self, reason: str, *, every_rank: bool = False) -> None:
         """Ask the loop to stop.
@@ -451,6 +552,75 @@ class MainLoop:
         self.manager.reconcile_aux_states()
         return self.manager.get_params()
 
+    # ------------------------------------------------------------- inference
+    def predict(
+        self, iterator: mx.io.DataIter, outputs: Optional[Union[str, Sequence[str]]] = None
+    ) -> Dict[str, np.ndarray]:
+        """Return output name -> NumPy array over the iterator's real samples.
+
+        The network runs forward (``is_train=False``) on the loop's devices with
+        its current parameters (and, on several devices, the averaged BatchNorm
+        statistics, as :class:`~mxoid.extensions.Evaluate` runs it), as
+        ``Module.predict`` with ``merge_batches=True``: the padding of a last
+        batch is dropped. ``outputs`` picks some outputs (``'softmax'`` or
+        ``'softmax_output'``); all by default. The iterator needs no labels;
+        batches of other sizes than training get executors of their own,
+        sharing the parameters. The iterator is reset before and after.
+        """
+        from .inference import batch_key, input_descs, predict_outputs
+
+        manager = self.manager
+        managers: Dict[tuple, DataParallelExecutorManager] = {}
+
+        def manager_for(batch: mx.io.DataBatch) -> DataParallelExecutorManager:
+            data = list(zip(manager.data_names, batch.data))
+            key = batch_key(data)
+            if key not in managers:
+                managers[key] = manager.evaluation_manager(
+                    *input_descs(self.symbol, data, manager.label_names)
+                )
+            return managers[key]
+
+        manager.reconcile_aux_states()
+        self.synchronize()
+        try:
+            return predict_outputs(manager_for, iterator, outputs, manager.output_names)
+        finally:
+            self.synchronize()
+
+    def score(
+        self, iterator: mx.io.DataIter, metrics: Any, name: str = "valid"
+    ) -> Dict[str, float]:
+        """Return the records :class:`~mxoid.extensions.Evaluate` computes on ``iterator`` now.
+
+        ``metrics`` as Evaluate takes them; records are named
+        ``<name>_<metric>`` (``<name>_<output>_<metric>`` with several
+        outputs). Nothing is written into the log. With a distributed kvstore
+        every worker must call it (the totals are summed over the workers).
+        """
+        from .extensions.monitoring import Evaluate
+
+        evaluation = Evaluate({name: iterator}, metrics, name=f"score_{name}")
+        evaluation.attach(self)
+        return evaluation.evaluate()
+
+    def pending_gradients(self) -> Optional[Dict[str, mx.nd.NDArray]]:
+        """Return the gradients summed so far in an unfinished group of accumulated batches.
+
+        Host copies by ``'<device>:<parameter>'``, for a checkpoint taken in the
+        middle of a group; None when no group is open (or nothing accumulates).
+        """
+        if self._open_group() == 0:
+            return None
+        self.synchronize()
+        manager = self.manager
+        return {
+            f"{device}:{name}": grads[device].copyto(mx.cpu())
+            for name, grads in zip(manager.param_names, manager.grad_arrays)
+            if grads[0] is not None
+            for device in range(len(self.contexts))
+        }
+
     def optimizer_states(self) -> Optional[bytes]:
         """Return the optimizer and its states as MXNet dumps them.
 
@@ -485,6 +655,8 @@ class MainLoop:
             "batch_size": self.manager.batch_size,
             "run_id": self.run_id,
             "optimizer": self.update.settings,
+            "accumulate_batches": self.accumulate_batches,
+            "fixed_param_names": list(self.manager.fixed_param_names),
         }
 
     def load_state_dict(self, checkpoint: CheckpointContents) -> None:
@@ -508,6 +680,17 @@ class MainLoop:
         self.log.current_row[RESUMED_FROM] = checkpoint.path
         status = self.status
         status.load_state_dict(state["status"])
+        if "updates_done" not in state["status"]:  # mxoid 0.1: one update per batch
+            status.updates_done = status.iterations_done
+        if checkpoint.gradients:
+            self._restore_gradients(checkpoint.gradients)
+        fixed = state.get("fixed_param_names")
+        if fixed is not None and sorted(fixed) != sorted(self.manager.fixed_param_names):
+            warnings.warn(
+                f"resuming from {checkpoint.path} with fixed_param_names="
+                f"{self.manager.fixed_param_names} (the run had {fixed})",
+                stacklevel=3,
+            )
         status.stop_requested, status.stop_reason = False, None
         status.training_finished, status.epoch_interrupt_received = False, False
         status.interrupted = None
@@ -534,6 +717,12 @@ class MainLoop:
             status.epochs_done,
             status.iterations_done,
         )
+
+    def _restore_gradients(self, gradients: Dict[str, mx.nd.NDArray]) -> None:
+        for name, grads in zip(self.manager.param_names, self.manager.grad_arrays):
+            for device, grad in enumerate(grads):
+                if grad is not None:
+                    gradients[f"{device}:{name}"].copyto(grad)
 
     def _check_checkpoint(self, contents: CheckpointContents, update_on_kvstore: bool) -> None:
         """Raise when ``contents`` cannot resume this loop.
@@ -580,6 +769,7 @@ class MainLoop:
             ("num_devices", len(self.contexts)),
             ("update_on_kvstore", update_on_kvstore),
             ("batch_size", manager.batch_size),
+            ("accumulate_batches", self.accumulate_batches),
         ):
             if key in state and state[key] != here:
                 raise ResumeError(

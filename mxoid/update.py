@@ -45,6 +45,7 @@ __all__ = [
     "initialize_kvstore",
     "kvstore_keys",
     "local_update",
+    "local_update_parts",
     "update_params",
     "update_params_on_kvstore",
 ]
@@ -133,11 +134,13 @@ def create_optimizer(
     batch_size: int,
     kvstore: Optional[mx.kvstore.KVStore],
     update_on_kvstore: bool,
+    accumulate_batches: int = 1,
 ) -> mx.optimizer.Optimizer:
     """Create the optimizer with the gradient rescaling and index-to-name map MXNet expects.
 
     Gradients are summed over the batch (and, with ``dist_sync``, over the
-    workers), so ``rescale_grad`` defaults to ``1 / (batch_size * workers)``.
+    workers, and over the ``accumulate_batches`` batches of a group), so
+    ``rescale_grad`` defaults to ``1 / (accumulate_batches * batch_size * workers)``.
     The index-to-name map matches the indices the update functions use, so
     per-parameter settings (no weight decay on biases, ``lr_mult``) land on the
     right parameters.
@@ -152,7 +155,7 @@ def create_optimizer(
         }
     synchronous = is_distributed(kvstore) and not is_asynchronous(kvstore)
     workers = kvstore.num_workers if synchronous else 1
-    rescale_grad = 1.0 / (batch_size * workers)
+    rescale_grad = 1.0 / (accumulate_batches * batch_size * workers)
     if isinstance(optimizer, mx.optimizer.Optimizer):
         return _adopt_optimizer(optimizer, idx2name, symbol, rescale_grad)
     if not isinstance(optimizer, str):
@@ -260,7 +263,8 @@ def update_params_on_kvstore(
     ``keys`` are the parameters' kvstore keys, as given to :func:`initialize_kvstore`.
     """
     for index, (key, params, grads) in enumerate(zip(keys, param_arrays, grad_arrays)):
-        kvstore.pushpull(key, grads, out=params, priority=-index)
+        if grads[0] is not None:  # fixed parameters have none
+            kvstore.pushpull(key, grads, out=params, priority=-index)
 
 
 def local_update(
@@ -272,24 +276,55 @@ def local_update(
     keys: Optional[Sequence[Union[int, str]]] = None,
 ) -> Callable[[], None]:
     """Return a function doing :func:`update_params` with these arrays, its lists built once."""
+    reduce, apply = local_update_parts(
+        param_arrays, grad_arrays, updater, num_devices, kvstore, keys
+    )
+    if reduce is None:
+        return apply
+
+    def update() -> None:
+        reduce()
+        apply()
+
+    return update
+
+
+def local_update_parts(
+    param_arrays: List[List[mx.nd.NDArray]],
+    grad_arrays: List[List[mx.nd.NDArray]],
+    updater: Callable,
+    num_devices: int,
+    kvstore: Optional[mx.kvstore.KVStore] = None,
+    keys: Optional[Sequence[Union[int, str]]] = None,
+) -> Tuple[Optional[Callable[[], None]], Callable[[], None]]:
+    """Return the two halves of :func:`update_params`, their lists built once.
+
+    ``reduce()`` sums each parameter's gradients over the devices (and workers)
+    through the kvstore, in place, so every device holds the sum (None without a
+    kvstore); ``apply()`` runs the updater on each device. Fixed parameters
+    (``None`` gradients) are left out; the indices stay ``i * num_devices + k``.
+    """
+    trainable = [i for i, grads in enumerate(grad_arrays) if grads[0] is not None]
     per_device = [
         (
-            [i * num_devices + k for i in range(len(param_arrays))],
-            [grads[k] for grads in grad_arrays],
-            [params[k] for params in param_arrays],
+            [i * num_devices + k for i in trainable],
+            [grad_arrays[i][k] for i in trainable],
+            [param_arrays[i][k] for i in trainable],
         )
         for k in range(num_devices)
     ]
-    summed = list(zip(keys, grad_arrays)) if kvstore is not None else []
+    summed = [(keys[i], grad_arrays[i]) for i in trainable] if kvstore is not None else []
 
-    def update() -> None:
+    def reduce() -> None:
         for index, (key, grads) in enumerate(summed):
             kvstore.pushpull(key, grads, out=grads, priority=-index)
+
+    def apply() -> None:
         for indices, device_grads, weights in per_device:
             if indices:
                 updater(indices, device_grads, weights)
 
-    return update
+    return (reduce if summed else None), apply
 
 
 def update_params(
@@ -357,8 +392,15 @@ class Update:
     settings : dict
         :func:`optimizer_settings` of the optimizer as the loop was given it.
     step : callable
-        Called with no argument after every backward pass: sums the gradients
-        and updates the parameters on every device.
+        Called with no argument after a backward pass (the last of a group, with
+        gradient accumulation): sums the gradients and updates the parameters on
+        every device. It is ``reduce`` then ``apply``.
+    reduce : callable or None
+        The first half: sums each gradient over the devices (and workers) in
+        place, so every device holds the sum. None when there is nothing to sum
+        there: one device and no kvstore, or the kvstore updates (it sums).
+    apply : callable
+        The second half: the optimizer's update.
     """
 
     def __init__(
@@ -367,14 +409,24 @@ class Update:
         update_on_kvstore: bool,
         optimizer: mx.optimizer.Optimizer,
         updater: Optional[mx.optimizer.Updater],
-        step: Callable[[], None],
+        reduce: Optional[Callable[[], None]],
+        apply: Callable[[], None],
     ) -> None:
         self.kvstore = kvstore
         self.update_on_kvstore = update_on_kvstore
         self.optimizer = optimizer
         self.updater = updater
         self.settings = optimizer_settings(optimizer)
-        self.step = step
+        self.reduce, self.apply = reduce, apply
+        if reduce is None:
+            self.step = apply
+        else:
+
+            def step() -> None:
+                reduce()
+                apply()
+
+            self.step = step
 
     def _states_updater(self) -> Optional[mx.optimizer.Updater]:
         """Return the updater holding the optimizer states here; None when the servers hold them."""
@@ -452,6 +504,7 @@ def prepare_update(
     optimizer: Union[str, mx.optimizer.Optimizer],
     optimizer_params: Optional[Dict[str, object]],
     arg_params: Dict[str, mx.nd.NDArray],
+    accumulate_batches: int = 1,
 ) -> Update:
     """Set up the optimizer step: the optimizer, the kvstore's contents, the updater.
 
@@ -469,6 +522,7 @@ def prepare_update(
         batch_size=manager.batch_size,
         kvstore=kvstore,
         update_on_kvstore=update_on_kvstore,
+        accumulate_batches=accumulate_batches,
     )
     keys = kvstore_keys(kvstore, manager.param_names)
     updater = None if update_on_kvstore else create_updater(optimizer)
@@ -484,11 +538,12 @@ def prepare_update(
             # What kvstore.set_optimizer does on one machine, with the faster updater.
             kvstore._set_updater(create_updater(optimizer))
     if update_on_kvstore:
-        step = functools.partial(
+        reduce = None
+        apply = functools.partial(
             update_params_on_kvstore, manager.param_arrays, manager.grad_arrays, kvstore, keys
         )
     else:
-        step = local_update(
+        reduce, apply = local_update_parts(
             manager.param_arrays, manager.grad_arrays, updater, len(manager.contexts), kvstore, keys
         )
-    return Update(kvstore, update_on_kvstore, optimizer, updater, step)
+    return Update(kvstore, update_on_kvstore, optimizer, updater, reduce, apply)

@@ -99,3 +99,42 @@ class Check(Extension):
 
 
 # ----------------------------------------------------------------- Evaluate
+
+
+# ------------------------------------------------------------ host syncs
+class CountHostSyncs:
+    """Counts asnumpy / asscalar / wait_to_read / waitall calls."""
+
+    def __init__(self, monkeypatch):
+        self.calls = 0
+        for owner, name in (
+            (mx.nd.NDArray, "asnumpy"),
+            (mx.nd.NDArray, "asscalar"),
+            (mx.nd.NDArray, "wait_to_read"),
+            (mx.nd, "waitall"),
+        ):
+            monkeypatch.setattr(owner, name, self._counting(getattr(owner, name)))
+
+    def _counting(self, original):
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return original(*args, **kwargs)
+
+        return counted
+
+
+class SyncProbe(Extension):
+    """Notes the sync count at the start of each epoch, after each batch and after each epoch."""
+
+    def __init__(self, counter):
+        super().__init__()
+        self.counter, self.notes = counter, []
+
+    def before_epoch(self):
+        self.notes.append(("before_epoch", self.counter.calls))
+
+    def after_batch(self, batch):
+        self.notes.append(("after_batch", self.counter.calls))
+
+    def after_epoch(self):
+        self.notes.append(("after_epoch", self.counter.calls))

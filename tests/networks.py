@@ -134,7 +134,7 @@ def dropout_lenet(num_classes=10, p=0.5):
     conv = mx.sym.Convolution(data, num_filter=8, kernel=(3, 3), name="conv1")
     act = mx.sym.Activation(conv, act_type="tanh", name="tanh1")
     pool = mx.sym.Pooling(act, pool_type="max", kernel=(2, 2), stride=(2, 2), name="pool1")
-    drop1 = mx.sym.Dropout(mx.sym.Flatten(pool), p=p, name="drop1")
+    drop1 = mx.sym.Dropout(mx.sym.Flatten(pool, name="flatten"), p=p, name="drop1")
     fc1 = mx.sym.Activation(
         mx.sym.FullyConnected(drop1, num_hidden=32, name="fc1"), act_type="tanh", name="tanh2"
     )

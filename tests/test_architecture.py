@@ -20,6 +20,7 @@ TOP_LEVEL = {
     "errors",
     "executor_manager",
     "fused_updater",
+    "inference",
     "initialization",
     "interrupt",
     "launch",

@@ -65,6 +65,7 @@ PREFIX = "model"
 MANIFEST = "MANIFEST.json"
 LOOP_STATE = "loop.json"
 OPTIMIZER_STATES = "optimizer.states"
+GRADIENTS = "gradients.params"
 FOLDER_NAME = re.compile(r"^checkpoint-(\d+)-epoch(\d+)-batch(\d+)$")
 # .tmp-<name>-<token>: being written; .retired-<name>-<token>: a whole folder replaced by a
 # newer one of the same name; .deleting-<name>-<token>: being deleted. (.old-... and
@@ -109,6 +110,9 @@ class CheckpointContents:
     loop_state: Dict[str, Any]
     optimizer_states: Optional[bytes]
     manifest: Dict[str, Any]
+    gradients: Optional[Dict[str, mx.nd.NDArray]] = None
+    """The gradients summed so far in a group of ``accumulate_batches``, by
+    ``'<device>:<parameter>'``; None when the checkpoint is at a group's end."""
 
     @property
     def run_id(self) -> Optional[str]:
@@ -143,8 +147,12 @@ def write_checkpoint(
     *,
     run_id: Optional[str] = None,
     sequence: Optional[int] = None,
+    gradients: Optional[Dict[str, mx.nd.NDArray]] = None,
 ) -> str:
     """Write a checkpoint folder at ``path`` atomically (replacing one already there).
+
+    ``gradients``, when given, go into ``gradients.params`` (the sums of a group of
+    accumulated batches, which resumption needs in the middle of a group).
 
     Returns
     -------
@@ -172,6 +180,7 @@ def write_checkpoint(
             aux_params,
             loop_json,
             optimizer_states,
+            gradients,
             int(loop_state["status"]["epochs_done"]),
             {
                 "run_id": run_id,
@@ -202,10 +211,13 @@ def _write_files(
     aux_params: Dict[str, mx.nd.NDArray],
     loop_json: str,
     optimizer_states: Optional[bytes],
+    gradients: Optional[Dict[str, mx.nd.NDArray]],
     epoch: int,
     about: Dict[str, Any],
 ) -> None:
     mx.model.save_checkpoint(os.path.join(folder, PREFIX), epoch, symbol, arg_params, aux_params)
+    if gradients:
+        mx.nd.save(os.path.join(folder, GRADIENTS), gradients)
     with open(os.path.join(folder, LOOP_STATE), "w") as handle:
         handle.write(loop_json)
     if optimizer_states is not None:
@@ -393,7 +405,16 @@ def read_checkpoint(path: str, *, check_finite: bool = False) -> CheckpointConte
         with open(states_file, "rb") as handle:
             states = handle.read()
         _check_optimizer_states(states_file, states)
-    return CheckpointContents(path, arg_params, aux_params, loop_state, states, manifest)
+    gradients = None
+    if GRADIENTS in files:
+        try:
+            gradients = mx.nd.load(os.path.join(path, GRADIENTS))
+        except mx.base.MXNetError as error:
+            raise CheckpointError(
+                f"checkpoint file {os.path.join(path, GRADIENTS)} cannot be read: "
+                f"{clean_mxnet_message(error)}"
+            ) from None
+    return CheckpointContents(path, arg_params, aux_params, loop_state, states, manifest, gradients)
 
 
 def _read_params(

@@ -5,12 +5,14 @@ predicates (:class:`OnLogRecord`); :mod:`.dispatch` calls the hooks in
 order. The extensions, by theme: :mod:`.monitoring` (Evaluate,
 TrainingMonitoring), :mod:`.stopping` (FinishAfter, EarlyStopping,
 NaNGuard), :mod:`.selection` (TrackBest), :mod:`.training`
-(LearningRateSchedule), :mod:`.saveload` (Checkpoint), :mod:`.printing`
+(LearningRateSchedule, ReduceLROnPlateau, ClipGradientNorm), :mod:`.inspection`
+(Monitor), :mod:`.saveload` (Checkpoint), :mod:`.printing`
 (Printing, ProgressBar), :mod:`.timing` (Timing), :mod:`.log_writers`
 (JSONLinesLog, CSVLog), :mod:`.tensorboard` (TensorBoard).
 """
 
 from .base import FIRING_KEYWORDS, HOOKS, Extension, OnLogRecord
+from .inspection import Monitor
 from .log_writers import CSVLog, JSONLinesLog
 from .monitoring import Evaluate, TrainingMonitoring
 from .printing import Printing, ProgressBar
@@ -19,19 +21,21 @@ from .selection import TrackBest
 from .stopping import EarlyStopping, FinishAfter, NaNGuard
 from .tensorboard import TensorBoard
 from .timing import Timing
-from .training import LearningRateSchedule, ReduceLROnPlateau
+from .training import ClipGradientNorm, LearningRateSchedule, ReduceLROnPlateau
 
 __all__ = [
     "FIRING_KEYWORDS",
     "HOOKS",
     "CSVLog",
     "Checkpoint",
+    "ClipGradientNorm",
     "EarlyStopping",
     "Evaluate",
     "Extension",
     "FinishAfter",
     "JSONLinesLog",
     "LearningRateSchedule",
+    "Monitor",
     "NaNGuard",
     "OnLogRecord",
     "Printing",

@@ -15,6 +15,8 @@ HOOKS = (
     "on_resumption",
     "before_epoch",
     "before_batch",
+    "before_update",
+    "after_update",
     "after_batch",
     "after_epoch",
     "after_training",
@@ -92,8 +94,9 @@ class Extension:
 
     1. Override hooks. Each overridden hook runs every time the loop reaches
        it: ``before_training()``, ``on_resumption()``, ``before_epoch()``,
-       ``before_batch(batch)``, ``after_batch(batch)``, ``after_epoch()``,
-       ``after_training()``, ``on_interrupt()``, ``on_error(exception)``.
+       ``before_batch(batch)``, ``before_update()``, ``after_update()``,
+       ``after_batch(batch)``, ``after_epoch()``, ``after_training()``,
+       ``on_interrupt()``, ``on_error(exception)``.
        Hooks not overridden cost nothing: the loop never dispatches them.
     2. Implement :meth:`do` and pass firing conditions to the constructor
        (``every_n_epochs=2``, ``after_n_batches=100``, ``after_training=True``
@@ -128,8 +131,8 @@ class Extension:
         count of batches / epochs done is a multiple of n.
     after_n_batches, after_n_epochs : int, optional
         Fire once, when exactly n batches / epochs are done.
-    before_training, before_epoch, before_batch, after_batch, after_epoch,
-    after_training, on_resumption, on_interrupt, on_error : bool
+    before_training, before_epoch, before_batch, before_update, after_update,
+    after_batch, after_epoch, after_training, on_resumption, on_interrupt, on_error : bool
         Fire ``do`` at every occurrence of that hook.
     rank_zero_only : bool, optional
         Override the class default of :attr:`rank_zero_only`.
@@ -174,6 +177,8 @@ class Extension:
         before_training: bool = False,
         before_epoch: bool = False,
         before_batch: bool = False,
+        before_update: bool = False,
+        after_update: bool = False,
         after_batch: bool = False,
         after_epoch: bool = False,
         after_training: bool = False,
@@ -192,6 +197,8 @@ class Extension:
             "before_training": before_training,
             "before_epoch": before_epoch,
             "before_batch": before_batch,
+            "before_update": before_update,
+            "after_update": after_update,
             "after_batch": after_batch,
             "after_epoch": after_epoch,
             "after_training": after_training,
@@ -280,6 +287,23 @@ class Extension:
     def before_batch(self, batch: Any) -> None:
         """Before ``batch`` is loaded into the executors."""
         self.fire_conditions("before_batch", batch)
+
+    def before_update(self) -> None:
+        """After the backward pass, before the optimizer step.
+
+        The gradients of the batch (with ``accumulate_batches=k``, of the whole
+        group of k batches) are in ``main_loop.manager.grad_arrays``; the hook
+        may read or change them. With the update on the workers
+        (``update_on_kvstore=False``) they are already summed over the devices
+        and workers, the same on every device; with the kvstore updating, each
+        device holds its own (the kvstore sums them). Counters still count the
+        batches before this one.
+        """
+        self.fire_conditions("before_update")
+
+    def after_update(self) -> None:
+        """After the optimizer step; ``status.updates_done`` counts it."""
+        self.fire_conditions("after_update")
 
     def after_batch(self, batch: Any) -> None:
         """After the update of ``batch``; ``status.iterations_done`` counts it."""

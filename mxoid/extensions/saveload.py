@@ -340,6 +340,7 @@ class Checkpoint(Extension):
                 loop.optimizer_states(),
                 run_id=loop.run_id,
                 sequence=sequence,
+                gradients=loop.pending_gradients(),
             )
         except BaseException:
             if record:

@@ -1,4 +1,7 @@
-"""Extensions that change how training proceeds: the learning rate, by schedule or on a plateau."""
+"""Extensions that change how training proceeds: the learning rate, the gradients.
+
+The rate by schedule or on a plateau; the gradients clipped by their global norm.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +11,19 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Union
 import mxnet as mx
 
 from ..distributed.servers import is_distributed
-from ..log.records import LEARNING_RATE, MISSING, RecordReader, to_float
+from ..log.records import GRADIENT_NORM, LEARNING_RATE, MISSING, RecordReader, to_float
 from .base import Extension
 from .selection import BestValue
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..log import TrainingStatus
 
-__all__ = ["LearningRateSchedule", "ReduceLROnPlateau", "check_rate_is_settable"]
+__all__ = [
+    "ClipGradientNorm",
+    "LearningRateSchedule",
+    "ReduceLROnPlateau",
+    "check_rate_is_settable",
+]
 
 
 def check_rate_is_settable(extension: Extension) -> None:
@@ -49,7 +57,8 @@ class LearningRateSchedule(Extension):
 
     The schedule is either an ``mx.lr_scheduler.LRScheduler``, called as the
     optimizer would call it, with the number of the coming update (1 for the
-    first batch), or any callable of the loop status (``status.epochs_done``,
+    first batch; with ``accumulate_batches`` it counts optimizer steps,
+    ``status.updates_done + 1``), or any callable of the loop status (``status.epochs_done``,
     ``status.iterations_done``...) returning the rate. An ``LRScheduler``
     uses its own ``base_lr`` (e.g. ``FactorScheduler(step=100, factor=0.5,
     base_lr=0.1)``): unlike passing it to the optimizer, the optimizer's
@@ -126,7 +135,7 @@ class LearningRateSchedule(Extension):
         """Return the rate the schedule gives for the coming batch."""
         status = self.main_loop.status
         if isinstance(self.schedule, mx.lr_scheduler.LRScheduler):
-            rate = self.schedule(status.iterations_done + 1)
+            rate = self.schedule(status.updates_done + 1)
         else:
             rate = self.schedule(status)
         rate = float(rate)
@@ -265,3 +274,103 @@ class ReduceLROnPlateau(Extension):
         self.checks_without_improvement = state["checks_without_improvement"]
         self.cooldown_left = state["cooldown_left"]
         self.reader.checked_iteration = state["checked_iteration"]
+
+
+class ClipGradientNorm(Extension):
+    """Clip the gradients by their global norm before every optimizer step.
+
+    At ``before_update`` the norm ``||g||`` of every trainable parameter's
+    gradient, over the whole network, is computed on the devices, of the
+    gradient the optimizer is about to use: the sum over the batch (and the
+    devices, the workers, the accumulated batches) times the optimizer's
+    ``rescale_grad``, i.e. the gradient of the mean loss. When it exceeds
+    ``max_norm`` every gradient is multiplied by ``max_norm / ||g||``, as
+    ``gluon.utils.clip_global_norm`` and PyTorch's ``clip_grad_norm_`` do.
+    Everything stays on the devices: unlike Gluon's ``clip_global_norm``,
+    which reads the norm to the host each call, no batch waits for the engine
+    (only a batch whose norm is recorded reads it, after the step).
+
+    With the update on the workers (``update_on_kvstore=False``) the
+    gradients are already summed over devices and workers; with a local
+    kvstore updating, the devices' gradients are summed on the first device
+    for the norm (the kvstore sums the scaled parts). On the servers of a
+    distributed kvstore (``dist_*`` with ``update_on_kvstore``) the sum over
+    workers is out of reach: that is a ``ValueError`` when the loop attaches
+    the extension.
+
+    Parameters
+    ----------
+    max_norm : float
+        Positive.
+    record_every : int, optional
+        Write the norm (before clipping) as the record ``gradient_norm`` into
+        the row of every ``record_every``-th optimizer step's batch.
+    **kwargs
+        Options of :class:`Extension` (``name``, ``priority``); it acts at
+        every step, so firing conditions are not taken.
+
+    Examples
+    --------
+    >>> from mxoid import ClipGradientNorm
+    >>> clip = ClipGradientNorm(max_norm=5.0, record_every=100)
+    """
+
+    def __init__(self, max_norm: float, record_every: Optional[int] = None, **kwargs: Any) -> None:
+        if isinstance(max_norm, bool) or not isinstance(max_norm, (int, float)):
+            raise TypeError(f"max_norm must be a number, got {type(max_norm).__name__}")
+        if not (math.isfinite(max_norm) and max_norm > 0):
+            raise ValueError(f"max_norm must be finite and > 0, got {max_norm!r}")
+        if record_every is not None and (
+            isinstance(record_every, bool) or not isinstance(record_every, int) or record_every < 1
+        ):
+            raise ValueError(f"record_every must be an int >= 1 or None, got {record_every!r}")
+        super().__init__(**kwargs)
+        self.max_norm = float(max_norm)
+        self.record_every = record_every
+        self._pending: Optional[mx.nd.NDArray] = None
+
+    def attach(self, loop: Any) -> None:
+        """Check that the gradients' sum is within reach, and collect the arrays."""
+        super().attach(loop)
+        if is_distributed(loop.kvstore) and loop.update_on_kvstore:
+            raise ValueError(
+                f"{self.name}: with a distributed kvstore updating on the servers the gradients "
+                "are summed over the workers out of reach of the workers; pass "
+                "update_on_kvstore=False to MainLoop to clip by the global norm"
+            )
+        manager = loop.manager
+        trainable = [grads for grads in manager.grad_arrays if grads[0] is not None]
+        self._devices = list(manager.contexts)
+        self._by_device = [[grads[k] for grads in trainable] for k in range(len(self._devices))]
+        # Where the norm is taken: the first device's gradients hold the sum,
+        # unless the kvstore sums them (then each device holds its part).
+        self._summed_here = not loop.update_on_kvstore or len(self._devices) == 1
+
+    def before_update(self) -> None:
+        """Scale the gradients on every device by ``min(1, max_norm / norm)``."""
+        first = self._devices[0]
+        if self._summed_here:
+            arrays = self._by_device[0]
+        else:
+            arrays = [
+                mx.nd.add_n(*(device[i].as_in_context(first) for device in self._by_device))
+                for i in range(len(self._by_device[0]))
+            ]
+        if not arrays:
+            return
+        squares = mx.nd.multi_sum_sq(*arrays, num_arrays=len(arrays))
+        norm = mx.nd.sqrt(mx.nd.sum(squares)) * self.main_loop.optimizer.rescale_grad
+        scale = mx.nd.minimum(self.max_norm / (norm + 1e-12), 1.0)
+        for ctx, grads in zip(self._devices, self._by_device):
+            factor = scale if ctx == first else scale.as_in_context(ctx)
+            for grad in grads:
+                grad *= factor
+        status = self.main_loop.status
+        if self.record_every and (status.updates_done + 1) % self.record_every == 0:
+            self._pending = norm
+
+    def after_batch(self, batch: Any) -> None:
+        """Write the norm recorded at this batch's step, if any (the one host read)."""
+        if self._pending is not None:
+            self.main_loop.log.current_row[GRADIENT_NORM] = float(self._pending.asscalar())
+            self._pending = None

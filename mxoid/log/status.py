@@ -25,6 +25,9 @@ class TrainingStatus(Mapping):
     ----------
     iterations_done : int
         Batches trained since the start of training (over all epochs).
+    updates_done : int
+        Optimizer steps taken: ``iterations_done`` unless gradients are
+        accumulated over several batches (``MainLoop(accumulate_batches=k)``).
     epochs_done : int
         Epochs completed.
     iterations_done_in_epoch : int
@@ -46,6 +49,7 @@ class TrainingStatus(Mapping):
     """
 
     iterations_done: int = 0
+    updates_done: int = 0
     epochs_done: int = 0
     iterations_done_in_epoch: int = 0
     epoch_started: bool = False

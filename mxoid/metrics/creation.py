@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Union
+from typing import Any, Callable, List, Mapping, Optional, Sequence, Union
 
 import mxnet as mx
 import numpy as np
@@ -35,22 +35,39 @@ UNKNOWN_METRIC = (
 _ALIASES = {"acc": "accuracy", "ce": "cross_entropy"}
 
 
-def _create_named(name: str) -> List[Metric]:
+def _create_named(name: str, arguments: Optional[Mapping[str, Any]] = None) -> List[Metric]:
+    arguments = dict(arguments or {})
     key = snake_case(name)
     key = _ALIASES.get(key, key)
-    if key in DEVICE_METRICS:
-        return [DEVICE_METRICS[key]()]
-    top_k = TOP_K.match(key)
-    if top_k:
-        k = int(top_k.group(1))
-        return [DeviceMetric(f"top_k_accuracy_{k}", top_k_accuracy(k))]
+    if key in ("top_k_accuracy", "top_k_acc") and set(arguments) <= {"top_k"}:
+        key = f"top_k_accuracy_{arguments.pop('top_k', 1)}"
+    if not arguments:
+        if key in DEVICE_METRICS:
+            return [DEVICE_METRICS[key]()]
+        top_k = TOP_K.match(key)
+        if top_k:
+            k = int(top_k.group(1))
+            return [DeviceMetric(f"top_k_accuracy_{k}", top_k_accuracy(k))]
     try:
-        created = mx.metric.create(name)
-    except Exception:  # MXNet raises AssertionError, TypeError... for names it cannot build
+        created = mx.metric.create(name, **arguments)
+    except Exception as error:  # MXNet raises AssertionError, TypeError... for what it cannot build
+        if arguments:
+            raise ValueError(
+                f"mx.metric.create({name!r}, **{arguments!r}) fails: {error}"
+            ) from None
         raise ValueError(
             UNKNOWN_METRIC.format(name=name, device=list(DEVICE_METRIC_NAMES))
         ) from None
     return _create_one(created)
+
+
+def _is_named_with_arguments(metric: Any) -> bool:
+    return (
+        isinstance(metric, tuple)
+        and len(metric) == 2
+        and isinstance(metric[0], str)
+        and isinstance(metric[1], Mapping)
+    )
 
 
 def _create_one(metric: MetricLike) -> List[Metric]:
@@ -58,6 +75,8 @@ def _create_one(metric: MetricLike) -> List[Metric]:
         return [metric]
     if isinstance(metric, str):
         return _create_named(metric)
+    if _is_named_with_arguments(metric):
+        return _create_named(*metric)
     if isinstance(metric, mx.metric.CompositeEvalMetric):
         return [HostMetric(child) for child in metric.metrics]
     if isinstance(metric, mx.metric.EvalMetric) or callable(metric):
@@ -75,6 +94,10 @@ def create_metrics(metrics: Union[MetricLike, Sequence[MetricLike]]) -> List[Met
     (``'top_k_accuracy_5'`` counts the label among the 5 best scores);
     other MXNet names, EvalMetric objects and functions become
     :class:`HostMetric`. A ``CompositeEvalMetric`` gives one metric per child.
+    A pair ``(name, {keyword: value})`` is a name with the keywords
+    ``mx.metric.create`` takes: ``('top_k_accuracy', {'top_k': 5})`` is
+    computed on the devices (as ``'top_k_accuracy_5'``), others
+    (``('f1', {'average': 'micro'})``) become host metrics.
 
     Raises
     ------
@@ -87,7 +110,9 @@ def create_metrics(metrics: Union[MetricLike, Sequence[MetricLike]]) -> List[Met
     >>> from mxoid.metrics import create_metrics
     >>> [m.name for m in create_metrics(["acc", "ce", mx.metric.F1()])]
     ['accuracy', 'cross_entropy', 'f1']
+    >>> [m.name for m in create_metrics([("top_k_accuracy", {"top_k": 5}), "mse"])]
+    ['top_k_accuracy_5', 'mse']
     """
-    if isinstance(metrics, (list, tuple)):
+    if isinstance(metrics, (list, tuple)) and not _is_named_with_arguments(metrics):
         return [created for metric in metrics for created in _create_one(metric)]
     return _create_one(metrics)

@@ -111,6 +111,26 @@ def test_dist_sync_matches_one_process_with_the_doubled_batch(
     ]
 
 
+@pytest.mark.parametrize("on_workers", [False, True])
+def test_dist_sync_with_accumulated_batches_matches_one_process(
+    tmp_path, job_env, one_process, on_workers
+):
+    """Two workers, batches of 5 accumulated in pairs: steps of 2 x 5 x 2 = 20 samples,
+    as one process with batches of 20 (the optimizer on the servers, or on the workers)."""
+    command = WORKER + ["--out", tmp_path, "--batch-size", "5", "--accumulate", "2"]
+    job = run_job(tmp_path, command + (["--update-on-workers"] if on_workers else []))
+    assert job.status == 0, job
+    (report0, params0), (report1, params1) = results(tmp_path)
+    reference, _ = one_process
+    for name in reference:
+        assert np.array_equal(params0[name], params1[name]), name
+        np.testing.assert_allclose(
+            params0[name], reference[name], rtol=1e-5, atol=1e-6, err_msg=name
+        )
+    assert report0["status"]["iterations_done"] == 40
+    assert report0["status"]["updates_done"] == 20
+
+
 def test_dist_async_runs_and_every_worker_ends_with_the_servers_parameters(tmp_path, job_env):
     job = run_job(
         tmp_path, WORKER + ["--out", tmp_path, "--kvstore", "dist_async", "--epochs", "3"]

@@ -7,6 +7,8 @@ from conftest import TWO_CPUS, mlp
 from monitored import (
     LEARNING,
     Check,
+    CountHostSyncs,
+    SyncProbe,
     dataset,
     iterator,
     module_accuracy,
@@ -159,44 +161,6 @@ def test_reduce_hook_sees_sums_and_counts_before_the_division():
 
 
 # ------------------------------------------------------- TrainingMonitoring
-class CountHostSyncs:
-    """Counts asnumpy / asscalar / wait_to_read / waitall calls."""
-
-    def __init__(self, monkeypatch):
-        self.calls = 0
-        for owner, name in (
-            (mx.nd.NDArray, "asnumpy"),
-            (mx.nd.NDArray, "asscalar"),
-            (mx.nd.NDArray, "wait_to_read"),
-            (mx.nd, "waitall"),
-        ):
-            monkeypatch.setattr(owner, name, self._counting(getattr(owner, name)))
-
-    def _counting(self, original):
-        def counted(*args, **kwargs):
-            self.calls += 1
-            return original(*args, **kwargs)
-
-        return counted
-
-
-class SyncProbe(Extension):
-    """Notes the sync count at the start of each epoch, after each batch and after each epoch."""
-
-    def __init__(self, counter):
-        super().__init__()
-        self.counter, self.notes = counter, []
-
-    def before_epoch(self):
-        self.notes.append(("before_epoch", self.counter.calls))
-
-    def after_batch(self, batch):
-        self.notes.append(("after_batch", self.counter.calls))
-
-    def after_epoch(self):
-        self.notes.append(("after_epoch", self.counter.calls))
-
-
 def test_training_monitoring_does_not_sync_per_batch(monkeypatch):
     X, y = dataset("train", 90)  # 5 batches of 20, the last one padded
     monitoring = TrainingMonitoring({"softmax": ["acc", "ce"], "reg": ["mse", "mae"]})

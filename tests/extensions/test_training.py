@@ -1,12 +1,15 @@
-"""LearningRateSchedule: the rate it sets is the one the updates use, on both update paths."""
+"""LearningRateSchedule: the rate it sets is the one the updates use, on both update paths;
+ClipGradientNorm against clipping by hand in NumPy."""
 
 import mxnet as mx
 import numpy as np
 import pytest
 from conftest import TWO_CPUS
+from monitored import CountHostSyncs, SyncProbe
 from scripted import Script, small_loop
 
-from mxoid import FinishAfter, LearningRateSchedule
+from mxoid import ClipGradientNorm, Extension, FinishAfter, LearningRateSchedule
+from mxoid.log.records import GRADIENT_NORM
 
 UPDATE_PATHS = [
     pytest.param([mx.cpu()], "local", None, id="one-device-local-updater"),
@@ -170,3 +173,94 @@ def test_seed_everything_makes_runs_repeat():
     assert draws[0][:2] == draws[1][:2] and (draws[0][2] == draws[1][2]).all()
     with pytest.raises(ValueError):
         seed_everything(-1)
+
+
+# ------------------------------------------------------------ ClipGradientNorm
+class ClipByHand(Extension):
+    """Global-norm clipping in NumPy: the reference for ClipGradientNorm.
+
+    The gradient the optimizer uses is rescale_grad times the sum over the devices (with
+    the kvstore updating, each device holds its part; otherwise each holds the sum)."""
+
+    def __init__(self, max_norm):
+        super().__init__()
+        self.max_norm, self.norms = max_norm, []
+
+    def before_update(self):
+        loop = self.main_loop
+        grads = [g for g in loop.manager.grad_arrays if g[0] is not None]
+        if loop.update_on_kvstore:
+            summed = [sum(part.asnumpy().astype("float64") for part in g) for g in grads]
+        else:
+            summed = [g[0].asnumpy().astype("float64") for g in grads]
+        norm = np.sqrt(sum((s**2).sum() for s in summed)) * loop.optimizer.rescale_grad
+        self.norms.append(norm)
+        scale = min(1.0, self.max_norm / (norm + 1e-12))
+        for g in grads:
+            for part in g:
+                part[:] = part.asnumpy() * np.float32(scale)
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.parametrize("contexts, kvstore, update_on_kvstore", UPDATE_PATHS)
+def test_clip_gradient_norm_equals_clipping_by_hand_in_numpy(
+    contexts, kvstore, update_on_kvstore, accumulate
+):
+    def run(extension):
+        return small_loop(
+            [extension, FinishAfter(after_n_epochs=3)],
+            contexts=contexts,
+            kvstore=kvstore,
+            update_on_kvstore=update_on_kvstore,
+            optimizer_params={"learning_rate": 0.5, "momentum": 0.9},
+            accumulate_batches=accumulate,
+        ).run()
+
+    by_hand = ClipByHand(1.0)
+    reference = run(by_hand)
+    clipped = run(ClipGradientNorm(1.0, record_every=1))
+    unclipped = run(ClipByHand(1e9))
+    norms = [r[GRADIENT_NORM] for _, r in clipped.log.items() if GRADIENT_NORM in r]
+    assert len(norms) == len(by_hand.norms) == 12 // accumulate
+    np.testing.assert_allclose(norms, by_hand.norms, rtol=1e-5)
+    assert sum(n > 1.0 for n in norms) >= 2 and min(norms) < 1.0  # both cases met
+    ours = {k: v.asnumpy() for k, v in clipped.get_params()[0].items()}
+    for name, value in reference.get_params()[0].items():
+        np.testing.assert_allclose(ours[name], value.asnumpy(), rtol=1e-5, atol=1e-6)
+        assert not np.allclose(ours[name], unclipped.get_params()[0][name].asnumpy())
+
+
+def test_clip_gradient_norm_adds_no_host_sync_per_batch(monkeypatch):
+    counter = CountHostSyncs(monkeypatch)
+    probe = SyncProbe(counter)
+    small_loop(
+        [ClipGradientNorm(0.1), probe, FinishAfter(after_n_epochs=2)], contexts=TWO_CPUS
+    ).run()
+    counts = [count for hook, count in probe.notes if hook == "after_batch"]
+    assert len(counts) == 8 and len(set(counts)) == 1  # not one read in eight batches
+
+
+def test_clip_gradient_norm_reads_only_the_recorded_norms(monkeypatch):
+    counter = CountHostSyncs(monkeypatch)
+    probe = SyncProbe(counter)
+    loop = small_loop(
+        [ClipGradientNorm(0.1, record_every=4), probe, FinishAfter(after_n_epochs=2)]
+    ).run()
+    epochs = []
+    for hook, count in probe.notes:
+        if hook == "before_epoch":
+            epochs.append([count])
+        elif hook == "after_batch":
+            epochs[-1].append(count)
+    for start, *batches in epochs:  # four batches an epoch: the fourth reads its norm
+        assert batches[:3] == [start] * 3 and batches[3] > start
+    assert sorted(i for i, r in loop.log.items() if GRADIENT_NORM in r) == [4, 8]
+
+
+def test_clip_gradient_norm_checks_its_arguments():
+    with pytest.raises(ValueError, match="max_norm must be finite and > 0"):
+        ClipGradientNorm(0)
+    with pytest.raises(TypeError, match="max_norm must be a number"):
+        ClipGradientNorm("1")
+    with pytest.raises(ValueError, match="record_every"):
+        ClipGradientNorm(1.0, record_every=0)

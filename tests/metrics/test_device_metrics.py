@@ -124,3 +124,22 @@ def test_accumulator_on_a_bare_manager_matches_numpy():
     assert accumulator.values() == [pytest.approx(np.mean(prob.argmax(axis=1) == y), abs=1e-12)]
     accumulator.reset()
     assert accumulator.rows == 0 and accumulator.totals()[0, 0] == 0
+
+
+def test_metrics_with_arguments_by_name_as_mx_metric_create_takes_them():
+    X, y = dataset("valid")
+    loop = two_head_loop([FinishAfter(after_n_epochs=1)])
+    loop.run()
+    top2 = ("top_k_accuracy", {"top_k": 2})
+    f1 = ("f1", {"average": "micro"})
+    created = create_metrics([top2, f1])
+    assert isinstance(created[0], DeviceMetric) and created[0].name == "top_k_accuracy_2"
+    assert isinstance(created[1], HostMetric)
+    assert [m.name for m in create_metrics(top2)] == ["top_k_accuracy_2"]  # alone, not a list
+    records = loop.score(iterator(X, y, 16, last_batch_handle="pad"), {"softmax": [top2]})
+    prob, _ = numpy_forward(loop.get_params()[0], X)
+    mxnet_top2 = mx.metric.create("top_k_accuracy", top_k=2)
+    mxnet_top2.update([mx.nd.array(y)], [mx.nd.array(prob)])
+    assert records == pytest.approx({"valid_softmax_top_k_accuracy_2": mxnet_top2.get()[1]})
+    with pytest.raises(ValueError, match=r"mx.metric.create\('acc', \*\*\{'top_k': 2\}\) fails"):
+        create_metrics(("acc", {"top_k": 2}))

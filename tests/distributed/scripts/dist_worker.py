@@ -122,6 +122,8 @@ def main(argv=None) -> None:
     parser.add_argument("--delay", type=float, default=0.0, help="seconds to sleep per batch")
     parser.add_argument("--checkpoint", help="a Checkpoint directory")
     parser.add_argument("--log", help="a JSONLinesLog path")
+    parser.add_argument("--accumulate", type=int, default=1, help="accumulate_batches")
+    parser.add_argument("--update-on-workers", action="store_true", help="update_on_kvstore=False")
     args = parser.parse_args(argv)
 
     kv = mx.kv.create(args.kvstore)
@@ -164,6 +166,8 @@ def main(argv=None) -> None:
         kvstore=kv,
         extensions=extensions,
         contexts=contexts,
+        accumulate_batches=args.accumulate,
+        update_on_kvstore=False if args.update_on_workers else None,
     )
     loop.run()
 

@@ -1,0 +1,171 @@
+"""Looking inside the network while it trains: :class:`Monitor`, as ``mx.mon.Monitor``."""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import re
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
+
+import mxnet as mx
+
+from ..log.records import MONITOR_PREFIX
+from .base import Extension
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..main_loop import MainLoop
+
+__all__ = ["STATS", "Monitor"]
+
+Stat = Callable[[mx.nd.NDArray], mx.nd.NDArray]
+
+
+def _rms(x: mx.nd.NDArray) -> mx.nd.NDArray:
+    return mx.nd.norm(x) / math.sqrt(x.size)
+
+
+STATS: Dict[str, Stat] = {
+    "rms": _rms,
+    "norm": lambda x: mx.nd.norm(x),
+    "mean_abs": lambda x: mx.nd.mean(mx.nd.abs(x)),
+    "max_abs": lambda x: mx.nd.max(mx.nd.abs(x)),
+    "mean": lambda x: mx.nd.mean(x),
+}
+"""Statistics by name. ``'rms'``, ``norm(x) / sqrt(x.size)``, is ``mx.mon.Monitor``'s default."""
+
+
+class Monitor(Extension):
+    """Statistics of the network's arrays every N batches, as ``mx.mon.Monitor`` in Module.fit.
+
+    On every ``every_n_batches``-th batch (batches N, 2N, ...) it collects,
+    for every array whose name matches ``pattern`` (``re.match``, as
+    ``mx.mon.Monitor``), one statistic:
+
+    - the outputs of every operator in the forward and the backward pass
+      (``fc1_output``; ``fc1_backward_output1``, the gradient of the second
+      input of ``fc1``, its weight), as MXNet's monitor callback names them;
+      with ``monitor_all=True`` their inputs too;
+    - after the optimizer step, the arguments (weights, data, labels) and the
+      auxiliary states (BatchNorm's statistics).
+
+    Each becomes the record ``monitor_<name>_<stat>`` in the row of that
+    batch (of the first device; every device trains the same network on its
+    slice of the batch). ``mx.mon.Monitor`` prints the same values; it fires
+    on batches 1, N + 1, ..., so the two agree batch for batch when its
+    ``step`` starts at 1.
+
+    It costs nothing on the other batches: the callback sits on a twin of
+    each training executor that shares all its arrays
+    (:meth:`~mxoid.DataParallelExecutorManager.bind_twins`), and only the
+    monitored batches run on the twins. Training is the same, bit for bit,
+    with or without the Monitor. A monitored batch waits for the engine when
+    its values are read.
+
+    Parameters
+    ----------
+    pattern : str, default '.*'
+        E.g. ``'.*weight|.*output'`` (weights and outputs), ``'.*backward.*'``
+        (gradients).
+    every_n_batches : int, default 100
+    stat : str or callable, default 'rms'
+        A name of :data:`STATS` (``'rms'``, ``'norm'``, ``'mean_abs'``,
+        ``'max_abs'``, ``'mean'``) or a function of an NDArray returning a
+        one-element NDArray (the record then ends in ``stat_name``).
+    stat_name : str, optional
+        The record suffix of a function ``stat`` (its ``__name__`` by default).
+    monitor_all : bool, default False
+        Also the inputs of every operator, as ``mx.mon.Monitor(monitor_all=True)``.
+    **kwargs
+        Options of :class:`Extension` (``name``, ``priority``); it fires on
+        its own schedule, so firing conditions are not taken.
+
+    Examples
+    --------
+    >>> from mxoid import Monitor
+    >>> monitor = Monitor(".*weight|.*backward.*", every_n_batches=50, stat="norm")
+    """
+
+    def __init__(
+        self,
+        pattern: str = ".*",
+        every_n_batches: int = 100,
+        stat: Union[str, Stat] = "rms",
+        stat_name: Optional[str] = None,
+        monitor_all: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        if (
+            isinstance(every_n_batches, bool)
+            or not isinstance(every_n_batches, int)
+            or every_n_batches < 1
+        ):
+            raise ValueError(f"every_n_batches must be an int >= 1, got {every_n_batches!r}")
+        if isinstance(stat, str):
+            if stat not in STATS:
+                raise ValueError(f"unknown stat {stat!r}; the names are {sorted(STATS)}")
+            self.stat, self.stat_name = STATS[stat], stat_name or stat
+        elif callable(stat):
+            self.stat = stat
+            self.stat_name = stat_name or getattr(stat, "__name__", "stat")
+        else:
+            raise TypeError(f"stat must be a name or a function, got {type(stat).__name__}")
+        try:
+            self.pattern = re.compile(pattern)
+        except (re.error, TypeError) as error:
+            raise ValueError(f"pattern {pattern!r} is not a regular expression: {error}") from None
+        super().__init__(**kwargs)
+        self.every_n_batches = every_n_batches
+        self.monitor_all = monitor_all
+        self._active = False
+        self._queue: List[Tuple[str, mx.nd.NDArray]] = []
+        self._twins: List[mx.executor.Executor] = []
+
+    def attach(self, loop: MainLoop) -> None:
+        """Bind the twin executors and install the callback on the first device's."""
+        super().attach(loop)
+        self._twins = loop.manager.bind_twins()
+        # Kept on the instance: MXNet holds only a raw pointer to the callback.
+        self._callback = self._collect
+        self._twins[0].set_monitor_callback(self._callback, self.monitor_all)
+
+    def _collect(self, name: Any, handle: Any) -> None:
+        if not self._active:
+            return
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        if self.pattern.match(name):
+            array = mx.nd.NDArray(ctypes.cast(handle, mx.base.NDArrayHandle), writable=False)
+            self._queue.append((name, self.stat(array)))
+
+    def before_batch(self, batch: Any) -> None:
+        """On a monitored batch, have the loop run it on the twins."""
+        if (self.main_loop.status.iterations_done + 1) % self.every_n_batches == 0:
+            self._active = True
+            self._queue = []
+            self.main_loop.manager.use_twins_once(self._twins)
+
+    def after_batch(self, batch: Any) -> None:
+        """Add the weights' statistics after the step, and write the records."""
+        if not self._active:
+            return
+        self._active = False
+        executor = self._twins[0]
+        queue = self._queue
+        for names, arrays in (
+            (executor._symbol.list_arguments(), executor.arg_arrays),
+            (executor._symbol.list_auxiliary_states(), executor.aux_arrays),
+        ):
+            for name, array in zip(names, arrays):
+                if self.pattern.match(name):
+                    queue.append((name, self.stat(array)))
+        self.main_loop.synchronize()
+        row = self.main_loop.log.current_row
+        for name, value in queue:
+            row[f"{MONITOR_PREFIX}{name}_{self.stat_name}"] = _to_record(value)
+        self._queue = []
+
+
+def _to_record(value: Any) -> Any:
+    if isinstance(value, mx.nd.NDArray):
+        value = value.asnumpy()
+        return float(value.reshape(-1)[0]) if value.size == 1 else value.tolist()
+    return value

@@ -1,0 +1,209 @@
+"""Inference without going back to Module: outputs over the real samples of an iterator.
+
+:meth:`mxoid.MainLoop.predict` runs the loop's network, on its devices and
+with its current parameters; :class:`Predictor` runs a saved model (an mxoid
+checkpoint or a Module checkpoint prefix). Both return, for each output, one
+NumPy array over the iterator's real samples (the padding of a last batch
+dropped), as ``Module.predict`` concatenates them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import mxnet as mx
+import numpy as np
+
+from .checkpoint.loading import load_model
+from .executor_manager import DataParallelExecutorManager, check_contexts, output_short_name
+
+__all__ = ["Predictor", "input_descs", "predict_outputs"]
+
+Descs = List[mx.io.DataDesc]
+
+
+def _is_label(name: str) -> bool:
+    return name.endswith("_label") or name == "label"
+
+
+def input_descs(
+    symbol: mx.sym.Symbol,
+    data: Sequence[Tuple[str, Sequence[np.ndarray]]],
+    label_names: Sequence[str],
+) -> Tuple[Descs, Descs]:
+    """Return the data and label descriptions for a forward pass on these data arrays.
+
+    ``data`` pairs each data name with its array (for its shape and type); the
+    labels ``label_names`` get the shapes the symbol infers from the data
+    (their values are not read by a forward pass with ``is_train=False``).
+    """
+    data_descs = [mx.io.DataDesc(name, array.shape, array.dtype) for name, array in data]
+    if not label_names:
+        return data_descs, []
+    shapes, _, _ = symbol.infer_shape_partial(**{d.name: d.shape for d in data_descs})
+    by_name = dict(zip(symbol.list_arguments(), shapes))
+    label_descs = []
+    for name in label_names:
+        shape = tuple(by_name.get(name) or ())
+        if not shape or 0 in shape:
+            raise ValueError(
+                f"the network takes {name!r}, whose shape cannot be inferred from the data "
+                f"{[(d.name, d.shape) for d in data_descs]}; give an iterator that provides it"
+            )
+        label_descs.append(mx.io.DataDesc(name, shape))
+    return data_descs, label_descs
+
+
+def predict_outputs(
+    manager_for: Callable[[mx.io.DataBatch], DataParallelExecutorManager],
+    iterator: mx.io.DataIter,
+    outputs: Optional[Union[str, Sequence[str]]],
+    output_names: Sequence[str],
+) -> Dict[str, np.ndarray]:
+    """Run ``iterator`` forward through the managers ``manager_for(batch)`` gives.
+
+    Returns output name -> one array over the real samples. The iterator is
+    reset before and after. Copies to the host are queued per batch and read
+    once at the end (no wait per batch).
+    """
+    names = _output_names(outputs, output_names)
+    parts: Dict[str, List[mx.nd.NDArray]] = {name: [] for name in names}
+    cpu = mx.cpu()
+    iterator.reset()
+    try:
+        for batch in iterator:
+            manager = manager_for(batch)
+            manager.load_data_batch(batch, labels=False)
+            manager.forward(is_train=False)
+            for name in names:
+                for array, rows in zip(manager.outputs[name], manager.valid_rows):
+                    if rows == array.shape[0]:
+                        parts[name].append(array.copyto(cpu))
+                    elif rows > 0:
+                        parts[name].append(array[:rows].copyto(cpu))
+    finally:
+        iterator.reset()
+    if not any(parts.values()):
+        raise ValueError("the iterator yielded no samples; is it empty?")
+    return {name: np.concatenate([p.asnumpy() for p in arrays]) for name, arrays in parts.items()}
+
+
+def _output_names(outputs: Optional[Union[str, Sequence[str]]], known: Sequence[str]) -> List[str]:
+    if outputs is None:
+        return list(known)
+    names = [outputs] if isinstance(outputs, str) else list(outputs)
+    for name in names:
+        short = name[: -len("_output")] if name.endswith("_output") else name
+        if short not in known:
+            raise ValueError(f"the network has no output {name!r}; its outputs are {list(known)}")
+    return names
+
+
+def _data_of(batch: mx.io.DataBatch, iterator: Any) -> List[Tuple[str, mx.nd.NDArray]]:
+    provided = getattr(batch, "provide_data", None) or iterator.provide_data
+    names = [d[0] if isinstance(d, tuple) else d.name for d in provided]
+    if len(names) != len(batch.data):
+        raise ValueError(f"the batch has {len(batch.data)} data arrays for the names {names}")
+    return list(zip(names, batch.data))
+
+
+def batch_key(data: Sequence[Tuple[str, mx.nd.NDArray]]) -> tuple:
+    """Return what a batch's executors are bound for: its data names, shapes and types."""
+    return tuple((name, tuple(array.shape), np.dtype(array.dtype).str) for name, array in data)
+
+
+class Predictor:
+    """A saved network on some devices, for predictions.
+
+    Parameters
+    ----------
+    source : str or path-like
+        An mxoid checkpoint folder, a checkpoint directory (its newest whole
+        checkpoint, or the one of ``epoch``), or a Module checkpoint prefix
+        (``prefix-symbol.json`` and ``prefix-NNNN.params``; the highest
+        epoch, or ``epoch``). See :mod:`mxoid.checkpoint.loading`.
+    contexts : Context or list of Context, optional
+        Devices; ``[mx.cpu()]`` by default. Each batch is split over them.
+    epoch : int, optional
+
+    Attributes
+    ----------
+    symbol : mx.sym.Symbol
+    arg_params, aux_params : dict of str to NDArray
+
+    Examples
+    --------
+    .. code-block:: python
+
+        predictor = mxoid.Predictor("checkpoints")      # the newest checkpoint
+        probabilities = predictor.predict(test_iter)["softmax"]
+
+    Executors are bound for the shapes of the first batch and, sharing its
+    parameters, once for each other shape met (a smaller last batch), then
+    reused. A batch must have at least one row per device.
+    """
+
+    def __init__(
+        self,
+        source: os.PathLike[str] | str,
+        contexts: Union[None, mx.Context, Sequence[mx.Context]] = None,
+        *,
+        epoch: Optional[int] = None,
+    ) -> None:
+        symbol, self.arg_params, self.aux_params = load_model(source, epoch)
+        self.symbol = symbol
+        self.contexts = check_contexts(contexts)
+        self.output_names = [output_short_name(n) for n in symbol.list_outputs()]
+        self._base: Optional[DataParallelExecutorManager] = None
+        self._managers: Dict[tuple, DataParallelExecutorManager] = {}
+
+    def predict(
+        self, iterator: mx.io.DataIter, outputs: Optional[Union[str, Sequence[str]]] = None
+    ) -> Dict[str, np.ndarray]:
+        """Return output name -> NumPy array over the iterator's real samples.
+
+        ``outputs`` picks some outputs (``'softmax'`` or ``'softmax_output'``);
+        all by default.
+        """
+        return predict_outputs(
+            lambda batch: self._manager(_data_of(batch, iterator)),
+            iterator,
+            outputs,
+            self.output_names,
+        )
+
+    def _manager(self, data: List[Tuple[str, mx.nd.NDArray]]) -> DataParallelExecutorManager:
+        key = batch_key(data)
+        manager = self._managers.get(key)
+        if manager is not None:
+            return manager
+        names = {name for name, _ in data}
+        inputs = [n for n in self.symbol.list_arguments() if n not in self.arg_params]
+        missing = [n for n in inputs if n not in names and not _is_label(n)]
+        if missing:
+            raise ValueError(
+                f"the saved model has no values for {missing} and the iterator does not "
+                f"provide them (it provides {sorted(names)})"
+            )
+        labels = [n for n in inputs if n not in names]
+        data_descs, label_descs = input_descs(self.symbol, data, labels)
+        if self._base is None:
+            manager = DataParallelExecutorManager(
+                self.symbol, self.contexts, data_descs, label_descs, for_training=False
+            )
+            lacking = [n for n in manager.aux_names if n not in self.aux_params]
+            if lacking:
+                raise ValueError(
+                    f"the saved model has no values for the auxiliary states {lacking}"
+                )
+            params = set(manager.param_names)
+            manager.set_params(
+                {n: v for n, v in self.arg_params.items() if n in params},
+                {n: v for n, v in self.aux_params.items() if n in manager.aux_names},
+            )
+            self._base = manager
+        else:
+            manager = self._base.evaluation_manager(data_descs, label_descs)
+        self._managers[key] = manager
+        return manager
