@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from mxoid.log.files import read_log
@@ -37,6 +38,7 @@ SCRIPTS = (
     "multi_output.py",
     "custom_extension.py",
     "distributed.py",
+    "fit.py",
 )
 
 
@@ -288,6 +290,163 @@ def test_custom_extension(tmp_path):
     assert "newest gradient norms: fc1_weight" in out
 
 
+# ------------------------------------------------------------------ fit.py
+def params_file(path):
+    import mxnet as mx
+
+    return {name: value.asnumpy() for name, value in mx.nd.load(str(path)).items()}
+
+
+def assert_same_params(a, b):
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert (a[name] == b[name]).all(), name
+
+
+@pytest.fixture(scope="module")
+def fit_straight(tmp_path_factory):
+    """fit.py for 3 epochs with a rate step at epoch 2: the run the others are measured on."""
+    folder = tmp_path_factory.mktemp("fit")
+    out, _ = run("fit.py", *FIT, "--num-epochs", 3, "--model-prefix", "straight/m", cwd=folder)
+    return folder, out
+
+
+FIT = ("--lr-step-epochs", "2", "--disp-batches", 10, "--batch-size", 64)
+
+
+def test_fit_saves_what_do_checkpoint_saves_and_learns(fit_straight):
+    folder, out = fit_straight
+    saved = sorted(path.name for path in (folder / "straight").iterdir())
+    assert saved == [
+        "m-0001.params",
+        "m-0002.params",
+        "m-0003.params",
+        "m-checkpoints",
+        "m-log.jsonl",
+        "m-symbol.json",
+    ]
+    rows = read_log(folder / "straight" / "m-log.jsonl")
+    assert rows[-1]["valid_accuracy"] >= 0.9
+    assert f"valid accuracy {rows[-1]['valid_accuracy']:.4f} after 3 epochs" in out
+    # --disp-batches 10: a line every 10 batches (20 batches per epoch).
+    assert re.search(r"^Batch 10 \(epoch 1, ", out, re.M) and "Batch 30 (epoch 2, " in out
+    # The rate steps down by --lr-factor after epoch 2, as fit.py's MultiFactorScheduler
+    # does: set before batch 1 (row 0), then before batch 41 (row 40).
+    rates = {row["iteration"]: row["learning_rate"] for row in rows if "learning_rate" in row}
+    assert rates == {0: pytest.approx(0.1), 40: pytest.approx(0.01)}
+
+
+def test_fit_load_epoch_resumes_exactly(fit_straight):
+    folder, _ = fit_straight
+    run("fit.py", *FIT, "--num-epochs", 2, "--model-prefix", "resumed/m", cwd=folder)
+    out, _ = run(
+        "fit.py",
+        *FIT,
+        "--num-epochs",
+        3,
+        "--model-prefix",
+        "resumed/m",
+        "--load-epoch",
+        2,
+        cwd=folder,
+    )
+    assert "after 3 epochs" in out
+    assert_same_params(
+        params_file(folder / "resumed" / "m-0003.params"),
+        params_file(folder / "straight" / "m-0003.params"),
+    )
+
+
+def test_fit_load_epoch_from_module_files_only(fit_straight):
+    """Only prefix-symbol.json and prefix-0002.params (what Module.fit leaves): the run
+    starts from those parameters at epoch 2, with the rate of epoch 2, as fit.py does."""
+    folder, _ = fit_straight
+    module_only = folder / "module_only"
+    module_only.mkdir()
+    for name in ("m-symbol.json", "m-0002.params"):
+        shutil.copy(folder / "straight" / name, module_only / name)
+    out, _ = run(
+        "fit.py",
+        *FIT,
+        "--num-epochs",
+        3,
+        "--model-prefix",
+        "module_only/m",
+        "--load-epoch",
+        2,
+        cwd=folder,
+    )
+    rows = read_log(module_only / "m-log.jsonl")
+    assert [row["epochs_done"] for row in rows if "valid_accuracy" in row] == [1]
+    assert "Adjust learning rate to 1.000000e-02 for epoch 2" in out
+    assert rows[-1]["valid_accuracy"] >= 0.9  # one epoch from scratch gets about 0.8
+    assert "after 3 epochs" in out
+    assert (module_only / "m-0001.params").is_file()  # numbered from the epochs it ran
+
+
+def test_fit_pretrained_new_head_and_fixed_param_names(fit_straight):
+    folder, _ = fit_straight
+    frozen = ["conv1_weight", "conv1_bias", "conv2_weight"]
+    out, _ = run(
+        "fit.py",
+        *FIT,
+        "--num-epochs",
+        1,
+        "--num-classes",
+        12,
+        "--model-prefix",
+        "tuned/m",
+        "--pretrained",
+        "straight/m",
+        "--pretrained-epoch",
+        3,
+        "--fixed-param-names",
+        ",".join(frozen),
+        cwd=folder,
+    )
+    assert "pretrained ['fc2_bias', 'fc2_weight'] have other shapes here" in out
+    before = params_file(folder / "straight" / "m-0003.params")
+    after = params_file(folder / "tuned" / "m-0001.params")
+    for name in frozen:
+        assert (after[f"arg:{name}"] == before[f"arg:{name}"]).all(), name
+    for name in ("conv2_bias", "fc1_weight"):  # loaded, then trained
+        assert not (after[f"arg:{name}"] == before[f"arg:{name}"]).all(), name
+    assert after["arg:fc2_weight"].shape == (12, 64)
+
+
+def test_fit_two_devices_gradient_compression_top_k_monitor(tmp_path):
+    common = (
+        "--num-epochs",
+        1,
+        "--contexts",
+        "cpu:0,cpu:1",
+        "--kv-store",
+        "device",
+        "--top-k",
+        3,
+        "--loss",
+        "ce",
+        "--monitor",
+        10,
+        "--accumulate-batches",
+        2,
+        "--max-grad-norm",
+        5,
+    )
+    run("fit.py", *common, "--model-prefix", "plain/m", cwd=tmp_path)
+    run("fit.py", *common, "--gc-type", "2bit", "--model-prefix", "2bit/m", cwd=tmp_path)
+    rows = {row["iteration"]: row for row in read_log(tmp_path / "2bit" / "m-log.jsonl")}
+    last = rows[max(rows)]
+    assert {"valid_top_k_accuracy_3", "valid_cross_entropy", "train_accuracy"} <= set(last)
+    assert last["valid_top_k_accuracy_3"] >= last["valid_accuracy"]
+    monitored = sorted(i for i, row in rows.items() if "monitor_fc1_weight_rms" in row)
+    assert monitored == [10, 20]
+    # The compression is applied: the same run without it ends elsewhere.
+    plain = params_file(tmp_path / "plain" / "m-0001.params")
+    compressed = params_file(tmp_path / "2bit" / "m-0001.params")
+    assert not (plain["arg:fc1_weight"] == compressed["arg:fc1_weight"]).all()
+
+
 def test_distributed_digits_under_the_launcher(tmp_path):
     env = dict(example_env(), MXNET_CPU_WORKER_NTHREADS="1")
     launcher = [sys.executable, "-m", "mxoid", "launch", "-n", "2", "--timeout", "150", "--"]
@@ -359,11 +518,13 @@ def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
     accuracy = (namespace["probabilities"].argmax(axis=1) == namespace["y"][1500:]).mean()
     assert accuracy == pytest.approx(namespace["loop"].log.last("valid_accuracy"), abs=1e-9)
     assert f"{accuracy}" in capsys.readouterr().out
+    quick_start_predictions = namespace["loop"].predict(valid := namespace["valid"])["softmax"]
+    check_readme_fine_tuning(namespace, quick_start_predictions, capsys)
     for block in blocks[2:]:
         exec(compile(block, str(README), "exec"), namespace)
     assert (tmp_path / "log.jsonl").is_file() and any((tmp_path / "checkpoints").iterdir())
     # The two extensions of "Writing an extension" in a loop.
-    valid, train = namespace["valid"], namespace["train"]
+    train = namespace["train"]
     train.reset()
     loop = MainLoop(
         namespace["net"],
@@ -393,6 +554,46 @@ def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
     assert best.best.value == max(accuracies)
     assert best.best.iteration == loop.log.last_iteration("valid_accuracy_new_best")
     assert keeper.best_params[0].keys() == loop.get_params()[0].keys()
+
+
+def check_readme_fine_tuning(namespace, quick_start_predictions, capsys):
+    """Run "Fine-tuning, accumulation and inference" after the Quick start; check its claims."""
+    from mxoid.checkpoint import latest_checkpoint
+
+    (block,) = readme_python("Fine-tuning, accumulation and inference")
+    started = dict(namespace["loop"].get_params()[0])
+    exec(compile(block, str(README), "exec"), namespace)
+    tuned, valid, y = namespace["tuned"], namespace["valid"], namespace["y"]
+    # The frozen layer kept the saved values; the new head was drawn anew and trained.
+    saved_args = namespace["load_params"]("checkpoints")[0]
+    final = tuned.get_params()[0]
+    for name in ("fc1_weight", "fc1_bias"):
+        assert (final[name].asnumpy() == saved_args[name].asnumpy()).all()
+        assert (final[name].asnumpy() == started[name].asnumpy()).all()
+    assert not np.allclose(final["fc2_weight"].asnumpy(), saved_args["fc2_weight"].asnumpy())
+    assert (tuned.status.iterations_done, tuned.status.updates_done) == (94, 47)
+    assert "94 47" in capsys.readouterr().out
+    log = dict(tuned.log.items())
+    # Every 10th step (a step every 2 batches), every 20th batch.
+    assert sorted(i for i, row in log.items() if "gradient_norm" in row) == [20, 40, 60, 80]
+    assert sorted(i for i, row in log.items() if "monitor_fc2_weight_rms" in row) == [
+        20,
+        40,
+        60,
+        80,
+    ]
+    # predict: one row per sample; score: what the predictions give.
+    probabilities = namespace["probabilities"]
+    assert probabilities.shape == (len(y) - 1500, 10)
+    scores = tuned.score(valid, ["acc", "ce"])
+    assert scores["valid_accuracy"] == pytest.approx((probabilities.argmax(1) == y[1500:]).mean())
+    picked = probabilities[np.arange(len(probabilities)), y[1500:].astype(int)]
+    assert scores["valid_cross_entropy"] == pytest.approx(-np.log(picked).mean(), rel=1e-5)
+    # The Predictor of the Quick start's checkpoint predicts what its loop predicted.
+    assert latest_checkpoint("checkpoints").loop_state["status"]["epochs_done"] == (
+        namespace["loop"].status.epochs_done
+    )
+    np.testing.assert_allclose(namespace["saved"], quick_start_predictions, rtol=1e-5, atol=1e-7)
 
 
 def test_a_fresh_clone_skips_the_mnist_tests_saying_how_to_run_them(tmp_path):

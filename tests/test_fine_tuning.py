@@ -300,3 +300,65 @@ def test_an_optimizer_instance_with_set_lr_mult_trains_as_in_module_fit(devices)
     for name in ours:
         np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
     np.testing.assert_array_equal(ours["fc1_weight"], args["fc1_weight"].asnumpy())
+
+
+def attributed_mlp(multipliers=True):
+    """An MLP whose Variables carry lr_mult / wd_mult, as users write them for fine-tuning."""
+    data = mx.sym.Flatten(mx.sym.Variable("data"))
+    if not multipliers:
+        hidden = mx.sym.Activation(
+            mx.sym.FullyConnected(data, num_hidden=32, name="fc1"), act_type="relu"
+        )
+        out = mx.sym.FullyConnected(hidden, num_hidden=10, name="fc2")
+        return mx.sym.SoftmaxOutput(out, name="softmax")
+    slow = mx.sym.Variable("fc1_weight", lr_mult=0.1, wd_mult=2.0)
+    hidden = mx.sym.Activation(
+        mx.sym.FullyConnected(data, weight=slow, num_hidden=32, name="fc1"), act_type="relu"
+    )
+    no_decay = mx.sym.Variable("fc2_weight", wd_mult=0.0)
+    out = mx.sym.FullyConnected(hidden, weight=no_decay, num_hidden=10, name="fc2")
+    return mx.sym.SoftmaxOutput(out, name="softmax")
+
+
+@pytest.mark.parametrize("devices", ["one", "two"])
+def test_symbol_lr_mult_and_wd_mult_attributes_train_as_in_module_fit(devices):
+    X, y = digits_images(128)
+    net = attributed_mlp()
+    args, _ = initial_params(net, (BATCH, 1, 8, 8))
+    params = {"learning_rate": 0.1, "momentum": 0.9, "wd": 0.01}
+    loop = MainLoop(
+        net,
+        digits_iter(X, y),
+        contexts=DEVICES[devices],
+        arg_params=args,
+        optimizer_params=dict(params),
+        extensions=[FinishAfter(after_n_epochs=2)],
+    ).run()
+    module = mx.mod.Module(net, context=DEVICES[devices], logger=logging.getLogger("quiet"))
+    module.fit(digits_iter(X, y), num_epoch=2, optimizer_params=dict(params), arg_params=args)
+    ours, theirs = host(loop.get_params()[0]), host(module.get_params()[0])
+    for name in ours:
+        np.testing.assert_array_equal(ours[name], theirs[name], err_msg=name)
+    # The multipliers made a difference: without them the run ends elsewhere.
+    plain = MainLoop(
+        attributed_mlp(multipliers=False),
+        digits_iter(X, y),
+        contexts=DEVICES[devices],
+        arg_params=args,
+        optimizer_params=dict(params),
+        extensions=[FinishAfter(after_n_epochs=2)],
+    ).run()
+    assert not np.array_equal(host(plain.get_params()[0])["fc1_weight"], ours["fc1_weight"])
+
+
+def test_an_optimizer_instance_with_another_rescale_grad_gets_modules_warning():
+    X, y = digits_images(64)
+    net = attributed_mlp()
+    with pytest.warns(UserWarning, match=r"rescale_grad is not normalized to 1.0/batch_size"):
+        MainLoop(
+            net,
+            digits_iter(X, y),
+            optimizer=mx.optimizer.SGD(learning_rate=0.1),  # rescale_grad 1, not 1/32
+            initializer=mx.init.Xavier(),
+            extensions=[FinishAfter(after_n_epochs=1)],
+        )
