@@ -1,34 +1,67 @@
-"""A faster updater for plain SGD, computing exactly what MXNet's own does."""
+"""A faster updater for the common optimizers: one fused kernel call per parameter.
+
+MXNet 1.9.1's stock ``Updater`` sends every dense SGD step through its
+multi-tensor kernels (``multi_sgd_update`` / ``multi_sgd_mom_update``), which
+cost 1.5-2x more on the CPU than the one-parameter kernels, and works out each
+parameter's learning rate, weight decay and keyword arguments again at every
+call. :class:`FusedUpdater` works out what does not change once per parameter
+(its multipliers, state and keywords: a *plan*) and then calls MXNet's own
+fused kernel for it directly:
+
+=================================  =====================  =======================
+optimizer                          kernel                 against the stock path
+=================================  =====================  =======================
+``SGD`` with momentum              ``sgd_mom_update``     bit-identical
+``SGD`` without momentum           ``sgd_update``         rounds differently (~1e-7)
+``NAG`` with momentum              ``nag_mom_update``     bit-identical
+``NAG`` without momentum           ``sgd_update``         bit-identical
+``Adam``                           ``adam_update``        bit-identical
+=================================  =====================  =======================
+
+Everything else takes the stock path: other optimizers, ``multi_precision``,
+sparse arrays. Update counts are kept as the optimizer keeps them (so Adam's
+bias correction, learning-rate schedulers and ``num_update`` are MXNet's), the
+learning rate is read from the optimizer (or its ``lr_scheduler``) at every step,
+so ``set_learning_rate`` works, and states save and load as the stock updater's
+do: checkpoints load in ``Module``.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple, Union
+import math
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import mxnet as mx
 
-__all__ = ["FusedSGDUpdater", "create_updater"]
+__all__ = ["FusedSGDUpdater", "FusedUpdater", "create_updater", "fused_kernel"]
 
-_Plan = Tuple[Any, mx.nd.NDArray, float, float, Dict[str, Any]]
+# key, state, lr multiplier, wd multiplier, kernel call
+_Plan = Tuple[Any, Any, float, float, Callable[..., None]]
 
 
-class FusedSGDUpdater(mx.optimizer.Updater):
-    """MXNet's ``Updater`` with plain SGD done as one fused kernel call per parameter.
+def fused_kernel(optimizer: mx.optimizer.Optimizer) -> Optional[str]:
+    """Return the name of the kernel :class:`FusedUpdater` calls for ``optimizer``, or None.
 
-    MXNet 1.9.1's stock updater sends every dense SGD step through
-    ``multi_sgd_mom_update`` (its multi-tensor path), which costs 1.5-2x more
-    on the CPU than ``sgd_mom_update`` per parameter, plus Python
-    bookkeeping per call. For ``mx.optimizer.SGD`` with momentum, without
-    multi-precision, learning-rate scheduler or sparse arrays, this updater
-    works out each parameter's learning-rate and weight-decay multipliers,
-    state and arguments once, then calls ``sgd_mom_update`` directly. Its
-    arithmetic is the multi-tensor kernel's, so the parameters are
-    bit-identical to the stock updater's (without momentum, ``sgd_update``
-    and ``multi_sgd_update`` round differently, so that case keeps the stock
-    path). The update
-    counts are kept as the optimizer keeps them, the learning rate is read
-    from the optimizer at every step (``set_learning_rate`` works), and
-    states save and load as the stock updater's do. Anything else falls back
-    to the stock path.
+    None means the stock path (an optimizer without a fused kernel here, or
+    ``multi_precision``).
+    """
+    if getattr(optimizer, "multi_precision", False):
+        return None
+    kind = type(optimizer)
+    if kind is mx.optimizer.SGD:
+        return "sgd_mom_update" if optimizer.momentum > 0 else "sgd_update"
+    if kind is mx.optimizer.NAG:
+        return "nag_mom_update" if optimizer.momentum > 0 else "sgd_update"
+    if kind is mx.optimizer.Adam:
+        return "adam_update"
+    return None
+
+
+class FusedUpdater(mx.optimizer.Updater):
+    """MXNet's ``Updater`` with SGD, NAG and Adam done as one fused kernel call per parameter.
+
+    See the module's documentation for the kernels and how their results
+    compare with the stock updater's.
 
     Parameters
     ----------
@@ -38,28 +71,21 @@ class FusedSGDUpdater(mx.optimizer.Updater):
     def __init__(self, optimizer: mx.optimizer.Optimizer) -> None:
         super().__init__(optimizer)
         self._plans: Dict[Any, Optional[_Plan]] = {}
+        self._kernel = fused_kernel(optimizer)
 
     def set_states(self, states: bytes) -> None:
         """Load the states as the stock updater does; forget the plans made with the old ones."""
         super().set_states(states)
         self._plans.clear()
-
-    def _fused(self) -> bool:
-        optimizer = self.optimizer
-        return (
-            type(optimizer) is mx.optimizer.SGD
-            and optimizer.momentum > 0
-            and not optimizer.multi_precision
-            and optimizer.lr_scheduler is None
-        )
+        self._kernel = fused_kernel(self.optimizer)
 
     def __call__(self, index: Union[int, str, list], grad: Any, weight: Any) -> None:
         """Update ``weight`` with ``grad`` (or lists of them, pair by pair).
 
-        The result is the stock updater's. Plain SGD with momentum takes the
-        fused path; anything else, the stock one.
+        The optimizers of the module's table take their fused kernel; anything
+        else, the stock path.
         """
-        if not self._fused():
+        if self._kernel is None:
             return super().__call__(index, grad, weight)
         if isinstance(index, (list, tuple)):
             for one_index, one_grad, one_weight in zip(index, grad, weight):
@@ -74,18 +100,14 @@ class FusedSGDUpdater(mx.optimizer.Updater):
         if plan is None:
             super().__call__(index, grad, weight)
             return
-        key, state, lr_mult, wd_mult, kwargs = plan
+        key, state, lr_mult, wd_mult, step = plan
         optimizer = self.optimizer
         optimizer._update_count(key)
-        mx.nd.sgd_mom_update(
-            weight,
-            grad,
-            state,
-            out=weight,
-            lr=optimizer.lr * lr_mult,
-            wd=optimizer.wd * wd_mult,
-            **kwargs,
-        )
+        if optimizer.lr_scheduler is not None:
+            lr = optimizer.lr_scheduler(optimizer.num_update)
+        else:
+            lr = optimizer.lr
+        step(weight, grad, state, key, lr * lr_mult, optimizer.wd * wd_mult)
 
     def _plan(self, index: Any, grad: mx.nd.NDArray, weight: mx.nd.NDArray) -> Optional[_Plan]:
         if weight.stype != "default" or grad.stype != "default":
@@ -95,26 +117,63 @@ class FusedSGDUpdater(mx.optimizer.Updater):
         if key not in self.states:
             self.states[key] = optimizer.create_state_multi_precision(key, weight)
             self.states_synced[key] = True
-        # The multipliers alone: _get_lrs / _get_wds with a base of 1.
-        lr, wd = optimizer.lr, optimizer.wd
-        optimizer.lr, optimizer.wd = 1.0, 1.0
+        # The multipliers alone: _get_lrs / _get_wds with a base of 1 and no scheduler.
+        lr, wd, scheduler = optimizer.lr, optimizer.wd, optimizer.lr_scheduler
+        optimizer.lr, optimizer.wd, optimizer.lr_scheduler = 1.0, 1.0, None
         try:
             lr_mult, wd_mult = optimizer._get_lrs([key])[0], optimizer._get_wds([key])[0]
         finally:
-            optimizer.lr, optimizer.wd = lr, wd
-        kwargs: Dict[str, Any] = {
-            "rescale_grad": optimizer.rescale_grad,
-            "momentum": optimizer.momentum,
-            "lazy_update": optimizer.lazy_update,
-        }
+            optimizer.lr, optimizer.wd, optimizer.lr_scheduler = lr, wd, scheduler
+        return key, self.states[key], lr_mult, wd_mult, self._step(optimizer)
+
+    def _step(self, optimizer: mx.optimizer.Optimizer) -> Callable[..., None]:
+        """Return the kernel call, with the keywords the optimizer's own ``update`` passes."""
+        kwargs: Dict[str, Any] = {"rescale_grad": optimizer.rescale_grad}
         if optimizer.clip_gradient:
             kwargs["clip_gradient"] = optimizer.clip_gradient
-        return key, self.states[key], lr_mult, wd_mult, kwargs
+        kernel = self._kernel
+        if kernel == "adam_update":
+            kwargs.update(
+                beta1=optimizer.beta1,
+                beta2=optimizer.beta2,
+                epsilon=optimizer.epsilon,
+                lazy_update=optimizer.lazy_update,
+            )
+            beta1, beta2 = optimizer.beta1, optimizer.beta2
+            counts = optimizer._index_update_count
+
+            def adam(weight, grad, state, key, lr, wd):
+                t = counts[key]
+                lr *= math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t)
+                mean, var = state
+                mx.nd.adam_update(weight, grad, mean, var, out=weight, lr=lr, wd=wd, **kwargs)
+
+            return adam
+        if kernel in ("sgd_mom_update", "nag_mom_update"):
+            kwargs["momentum"] = optimizer.momentum
+        if type(optimizer) is mx.optimizer.SGD:
+            kwargs["lazy_update"] = optimizer.lazy_update
+        if kernel == "sgd_update":
+
+            def sgd(weight, grad, state, key, lr, wd):
+                mx.nd.sgd_update(weight, grad, out=weight, lr=lr, wd=wd, **kwargs)
+
+            return sgd
+        function = getattr(mx.nd, kernel)
+
+        def momentum(weight, grad, state, key, lr, wd):
+            function(weight, grad, state, out=weight, lr=lr, wd=wd, **kwargs)
+
+        return momentum
+
+
+FusedSGDUpdater = FusedUpdater
+"""The former name of :class:`FusedUpdater` (it fused momentum SGD only)."""
 
 
 def create_updater(optimizer: mx.optimizer.Optimizer) -> mx.optimizer.Updater:
-    """Return the updater mxoid uses: :class:`FusedSGDUpdater`.
+    """Return the updater mxoid uses: :class:`FusedUpdater`.
 
-    It falls back to MXNet's own path for every optimizer but plain SGD.
+    It falls back to MXNet's own path for the optimizers it has no kernel for.
     """
-    return FusedSGDUpdater(optimizer)
+    return FusedUpdater(optimizer)

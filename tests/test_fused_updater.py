@@ -1,11 +1,11 @@
-"""FusedSGDUpdater computes exactly what MXNet's stock updater does."""
+"""FusedUpdater computes what the stock updater does: bit for bit, or within rounding."""
 
 import mxnet as mx
 import numpy as np
 import pytest
 from conftest import mlp
 
-from mxoid.fused_updater import FusedSGDUpdater
+from mxoid.fused_updater import FusedSGDUpdater, FusedUpdater, fused_kernel
 
 NAMES = ["fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"]
 SHAPES = [(16, 10), (16,), (3, 16), (3,)]
@@ -90,31 +90,115 @@ def test_learning_rate_set_during_training_is_used():
         np.testing.assert_array_equal(a, b)
 
 
-def adam():
-    return mx.optimizer.create(
-        "adam",
-        learning_rate=0.01,
-        rescale_grad=1 / 8,
-        sym=mlp(),
-        param_idx2name=dict(enumerate(NAMES)),
-    )
+def adam(**params):
+    params = {"learning_rate": 0.01, "wd": 1e-3, "rescale_grad": 1 / 8, **params}
+    return mx.optimizer.create("adam", sym=mlp(), param_idx2name=dict(enumerate(NAMES)), **params)
 
 
-def sgd_with_scheduler():
-    return make_optimizer(lr_scheduler=mx.lr_scheduler.FactorScheduler(step=2, factor=0.5))
+def nag(**params):
+    return make_optimizer("nag", **params)
+
+
+def sgd_with_scheduler(**params):
+    scheduler = mx.lr_scheduler.MultiFactorScheduler(step=[2, 4], factor=0.5, base_lr=0.1)
+    return make_optimizer(lr_scheduler=scheduler, **params)
+
+
+FUSED = {
+    "sgd momentum": (make_optimizer, "sgd_mom_update"),
+    "nag momentum": (nag, "nag_mom_update"),
+    "nag": (lambda **p: nag(momentum=0.0, **p), "sgd_update"),
+    "adam": (adam, "adam_update"),
+    "sgd momentum, scheduler": (sgd_with_scheduler, "sgd_mom_update"),
+    "adam, scheduler": (
+        lambda **p: adam(lr_scheduler=mx.lr_scheduler.FactorScheduler(2, 0.5, base_lr=0.01), **p),
+        "adam_update",
+    ),
+}
+
+
+@pytest.mark.parametrize("params", [{}, {"clip_gradient": 0.05}, {"wd": 0.0}])
+@pytest.mark.parametrize("case", sorted(FUSED))
+def test_every_fused_optimizer_is_bit_identical_to_the_stock_updater(case, params):
+    build, kernel = FUSED[case]
+    assert fused_kernel(build(**params)) == kernel
+    stock_updater = mx.optimizer.get_updater(build(**params))
+    stock = run(stock_updater, steps=6)
+    updater = FusedUpdater(build(**params))
+    fused = run(updater, steps=6)
+    assert len(updater._plans) == len(NAMES)  # the fused path ran
+    assert updater.optimizer.num_update == stock_updater.optimizer.num_update == 6
+    assert updater.optimizer._index_update_count == stock_updater.optimizer._index_update_count
+    for a, b in zip(stock, fused):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("params", [{}, {"clip_gradient": 0.05}, {"wd": 0.0}])
+def test_sgd_without_momentum_matches_the_stock_updater_within_rounding(params):
+    """sgd_update and MXNet's multi_sgd_update round differently: 1e-6 relative per step."""
+    steps = 6
+    stock = run(mx.optimizer.get_updater(make_optimizer(momentum=0.0, **params)), steps=steps)
+    updater = FusedUpdater(make_optimizer(momentum=0.0, **params))
+    fused = run(updater, steps=steps)
+    assert len(updater._plans) == len(NAMES)
+    for a, b in zip(stock, fused):
+        np.testing.assert_allclose(a, b, rtol=1e-6 * steps, atol=1e-7 * steps)
+
+
+def test_adam_lr_mult_and_learning_rate_set_during_training():
+    def build():
+        optimizer = adam()
+        optimizer.set_lr_mult({"fc1_weight": 0.1, "fc2_weight": 0.0})
+        return optimizer
+
+    stock = run(mx.optimizer.get_updater(build()), set_lr=0.001)
+    fused = run(FusedUpdater(build()), set_lr=0.001)
+    initial = run(FusedUpdater(build()), steps=0)
+    np.testing.assert_array_equal(fused[2], initial[2])
+    for a, b in zip(stock, fused):
+        np.testing.assert_array_equal(a, b)
+
+
+def rmsprop():
+    return mx.optimizer.create("rmsprop", learning_rate=0.01, param_idx2name=dict(enumerate(NAMES)))
 
 
 @pytest.mark.parametrize(
     "build",
-    [adam, sgd_with_scheduler, lambda: make_optimizer("nag"), lambda: make_optimizer(momentum=0.0)],
+    [rmsprop, lambda: make_optimizer(multi_precision=True), lambda: adam(multi_precision=True)],
 )
 def test_other_optimizers_take_the_stock_path(build):
+    assert fused_kernel(build()) is None
     stock = run(mx.optimizer.get_updater(build()))
-    updater = FusedSGDUpdater(build())
+    updater = FusedUpdater(build())
     fused = run(updater)
     assert not updater._plans
     for a, b in zip(stock, fused):
         np.testing.assert_array_equal(a, b)
+
+
+def test_the_former_name_still_works():
+    assert FusedSGDUpdater is FusedUpdater
+
+
+@pytest.mark.parametrize("build", [make_optimizer, adam, nag])
+def test_states_load_in_the_stock_updater_and_train_on_identically(build):
+    """A checkpoint's optimizer states (Adam's moments, the update counts) load in Module."""
+    fused = FusedUpdater(build())
+    weights = run(fused, steps=3)
+    saved = fused.get_states(dump_optimizer=True)
+    stock = mx.optimizer.get_updater(build())
+    stock.set_states(saved)
+    assert stock.optimizer.num_update == 3
+    assert stock.optimizer._index_update_count == fused.optimizer._index_update_count
+    rng = np.random.RandomState(5)
+    grads = [mx.nd.array(rng.uniform(-1, 1, s)) for s in SHAPES]
+    after_stock = [mx.nd.array(w) for w in weights]
+    after_fused = [mx.nd.array(w) for w in weights]
+    stock(list(range(len(NAMES))), grads, after_stock)
+    fused(list(range(len(NAMES))), grads, after_fused)
+    for a, b in zip(after_stock, after_fused):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
 
 
 def test_states_round_trip_like_the_stock_updater():
