@@ -27,7 +27,7 @@ TOP_LEVEL = {
     "main_loop",
     "update",
 }
-FOLDERS = {"checkpoint", "distributed", "extensions", "log", "metrics"}
+FOLDERS = {"checkpoint", "data", "distributed", "extensions", "log", "metrics"}
 
 
 def module_name(path):

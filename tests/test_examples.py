@@ -520,6 +520,10 @@ def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
     assert f"{accuracy}" in capsys.readouterr().out
     quick_start_predictions = namespace["loop"].predict(valid := namespace["valid"])["softmax"]
     check_readme_fine_tuning(namespace, quick_start_predictions, capsys)
+    (block,) = readme_python("Reading input ahead")
+    exec(compile(block, str(README), "exec"), namespace)
+    assert namespace["ahead"].status.epochs_done == 2
+    assert any((tmp_path / "prefetched-checkpoints").iterdir())
     for block in blocks[2:]:
         exec(compile(block, str(README), "exec"), namespace)
     assert (tmp_path / "log.jsonl").is_file() and any((tmp_path / "checkpoints").iterdir())
