@@ -196,6 +196,12 @@ class DataParallelExecutorManager:
         over backward passes until they are zeroed (gradient accumulation).
     for_training : bool, default True
         False binds no gradient at all (inference).
+    private_heads : sequence of mx.sym.Symbol, optional
+        Extra outputs computed by the training executors after the symbol's own
+        (behind ``BlockGrad``, reading only the symbol's arrays), for mxoid's
+        use: the per-row metric values of
+        :class:`~mxoid.extensions.TrainingMonitoring`. They are in
+        :attr:`private_outputs`, not in :attr:`outputs`.
 
     Attributes
     ----------
@@ -206,6 +212,8 @@ class DataParallelExecutorManager:
         The parameters that are never updated.
     outputs : OutputArrays
         Output name -> one array per device, filled by :meth:`forward`.
+    private_outputs : list of list of NDArray
+        Per private head, one array per device.
     labels : dict of str to list of NDArray
         Label name -> the label slice on each device for the loaded batch.
     valid_rows : list of int
@@ -233,10 +241,18 @@ class DataParallelExecutorManager:
         fixed_param_names: Sequence[str] = (),
         grad_req: str = "write",
         for_training: bool = True,
+        private_heads: Sequence[mx.sym.Symbol] = (),
     ) -> None:
         if grad_req not in ("write", "add"):
             raise ValueError(f"grad_req must be 'write' or 'add', got {grad_req!r}")
         self.symbol = symbol
+        # What the executors run: the symbol, and the private heads after its outputs.
+        self._bound_symbol = mx.sym.Group([symbol, *private_heads]) if private_heads else symbol
+        if private_heads and (
+            shared_manager is not None
+            or self._bound_symbol.list_arguments() != symbol.list_arguments()
+        ):
+            raise ValueError("private heads may only read the symbol's own arrays, in training")
         self.contexts = list(contexts)
         if not self.contexts:
             raise ValueError("contexts is empty; pass at least one, e.g. contexts=[mx.cpu()]")
@@ -282,6 +298,10 @@ class DataParallelExecutorManager:
         self.outputs = OutputArrays(
             (name, [e.outputs[j] for e in execs]) for j, name in enumerate(self.output_names)
         )
+        first = len(self.output_names)
+        self.private_outputs: List[List[mx.nd.NDArray]] = [
+            [e.outputs[first + h] for e in execs] for h in range(len(private_heads))
+        ]
         self.labels: Dict[str, List[mx.nd.NDArray]] = {
             n: [e.arg_dict[n] for e in execs] for n in self.label_names
         }
@@ -342,7 +362,9 @@ class DataParallelExecutorManager:
         try:
             if self.shared_manager is None:
                 grad_req = {n: self._grad_req(n, shapes) for n in self.arg_names}
-                return self.symbol.simple_bind(ctx, grad_req=grad_req, type_dict=types, **shapes)
+                return self._bound_symbol.simple_bind(
+                    ctx, grad_req=grad_req, type_dict=types, **shapes
+                )
             return self._bind_shared(device, ctx, shapes, types)
         except (mx.base.MXNetError, RuntimeError) as error:
             raise ValueError(
@@ -497,7 +519,7 @@ class DataParallelExecutorManager:
         for executor, ctx in zip(self.executors, self.contexts):
             grads = {n: g for n, g in executor.grad_dict.items() if g is not None}
             twins.append(
-                self.symbol.bind(
+                self._bound_symbol.bind(
                     ctx,
                     args=executor.arg_dict,
                     args_grad=grads,

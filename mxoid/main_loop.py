@@ -27,6 +27,7 @@ from .distributed.workers import (
 from .executor_manager import DataParallelExecutorManager, check_contexts
 from .extensions.base import Extension
 from .extensions.dispatch import HookDispatcher, check_extensions
+from .extensions.monitoring import private_heads
 from .extensions.saveload import Checkpoint
 from .initialization import initial_params, parameter_shapes, shape_differences
 from .interrupt import (
@@ -215,6 +216,10 @@ class MainLoop:
                     f"accumulate_batches must be an int >= 1, got {accumulate_batches!r}"
                 )
             self.accumulate_batches = accumulate_batches
+            heads = private_heads(
+                self.extensions, symbol, train_data.provide_data, train_data.provide_label
+            )
+            self._private_heads = {id(extension): i for i, (extension, _) in enumerate(heads)}
             self.manager = DataParallelExecutorManager(
                 symbol,
                 self.contexts,
@@ -223,6 +228,7 @@ class MainLoop:
                 work_load_list=work_load_list,
                 fixed_param_names=fixed_param_names or (),
                 grad_req="add" if accumulate_batches > 1 else "write",
+                private_heads=[head for _, head in heads],
             )
             kv, on_kvstore = create_kvstore(kvstore, len(self.contexts), update_on_kvstore)
             self._collective = is_distributed(kv)
@@ -292,6 +298,16 @@ class MainLoop:
     def updater(self) -> Optional[mx.optimizer.Updater]:
         """The local updater, when the kvstore does not update."""
         return self.update.updater
+
+    def private_outputs(self, extension: Extension) -> Optional[List[mx.nd.NDArray]]:
+        """Return, per device, the private output computed for ``extension``, or None.
+
+        The training executors compute a private head for each
+        :class:`~mxoid.extensions.TrainingMonitoring` given to the loop (its
+        per-row metric values); an extension attached later has none.
+        """
+        index = self._private_heads.get(id(extension))
+        return None if index is None else self.manager.private_outputs[index]
 
     def reduction(self, extension: Extension) -> Any:
         """Return what ``extension`` uses to sum its ``(sum, count)`` totals over the workers.

@@ -14,13 +14,14 @@ from ..metrics import (
     Reducer,
     create_metrics,
     label_for_output,
+    per_row_head,
 )
 from .base import FIRING_KEYWORDS, Extension
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..main_loop import MainLoop
 
-__all__ = ["Evaluate", "MetricsSpec", "TrainingMonitoring"]
+__all__ = ["Evaluate", "MetricsSpec", "TrainingMonitoring", "private_heads"]
 
 MetricsSpec = Union[
     MetricLike, Sequence[MetricLike], Mapping[str, Union[MetricLike, Sequence[MetricLike]]]
@@ -271,7 +272,10 @@ class TrainingMonitoring(_MetricsExtension):
     """Metrics of named outputs over the training batches, without per-batch host sync.
 
     After every batch the metrics are added to running sums on the devices
-    (one cached operator call per device, no ``asnumpy``); the sums are read,
+    (no ``asnumpy``): the training executors compute each row's values in the
+    training graph itself (behind ``BlockGrad``, in outputs private to mxoid:
+    the symbol, ``manager.outputs`` and checkpoints are unchanged), and one
+    array addition per device is left; the sums are read,
     written as records and reset only when the extension fires: at the end of
     each epoch and, with ``every_n_batches``, every N batches. Each write
     covers the batches since the previous write (or the start of training).
@@ -320,9 +324,29 @@ class TrainingMonitoring(_MetricsExtension):
         bound = self._metrics_on_outputs(loop)
         self._records = _record_names("train", bound, len(loop.manager.output_names) == 1)
         try:
-            self.accumulator = MetricAccumulator(loop.manager, bound)
+            self.accumulator = MetricAccumulator(loop.manager, bound, loop.private_outputs(self))
         except ValueError as error:
             raise ValueError(f"{self.name}: {error}") from None
+
+    def private_head(
+        self,
+        symbol: mx.sym.Symbol,
+        label_names: Sequence[str],
+        input_shapes: Dict[str, Tuple[int, ...]],
+    ) -> Optional[mx.sym.Symbol]:
+        """Return the head that computes this extension's per-row values in the training graph.
+
+        The loop binds it with the training executors (see
+        :func:`mxoid.metrics.per_row_head`); None when none can be built here
+        (no device metric, or metrics the outputs do not fit: attaching then
+        says why).
+        """
+        output_names = [output_short_name(n) for n in symbol.list_outputs()]
+        try:
+            bound = _bind_outputs(self._keyed, self._parsed, output_names)
+        except ValueError:
+            return None
+        return per_row_head(symbol, bound, label_names, input_shapes)
 
     def after_batch(self, batch: Any) -> None:
         """Add the batch to the running sums (no host sync), then fire if a condition holds."""
@@ -344,3 +368,26 @@ class TrainingMonitoring(_MetricsExtension):
             return
         self.main_loop.log.current_row.update(zip(self._records, accumulator.values(self.reduce)))
         accumulator.reset()
+
+
+def private_heads(
+    extensions: Sequence[Extension],
+    symbol: mx.sym.Symbol,
+    data_descs: Sequence[Any],
+    label_descs: Optional[Sequence[Any]],
+) -> List[Tuple[Extension, mx.sym.Symbol]]:
+    """Return the private heads the training executors compute for these extensions.
+
+    One per :class:`TrainingMonitoring` whose metrics can be computed in the
+    training graph, with the extension it serves.
+    """
+    descs = list(data_descs) + list(label_descs or [])
+    shapes = {desc[0]: tuple(desc[1]) for desc in descs}
+    label_names = [desc[0] for desc in label_descs or []]
+    heads = []
+    for extension in extensions:
+        if isinstance(extension, TrainingMonitoring):
+            head = extension.private_head(symbol, label_names, shapes)
+            if head is not None:
+                heads.append((extension, head))
+    return heads

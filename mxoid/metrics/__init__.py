@@ -3,7 +3,9 @@
 MXNet's ``EvalMetric.update`` copies every batch to the host (``asnumpy``),
 which stalls the asynchronous engine once per batch. The metrics here keep
 running sums on each device instead, updated by one cached operator call per
-device and batch, and are read only when a value is wanted.
+device and batch (for the training batches, the training executors compute the
+values themselves and one addition per device is left), and are read only when
+a value is wanted.
 
 Three kinds of metric are accepted wherever mxoid asks for metrics
 (:func:`create_metrics`):
@@ -20,7 +22,7 @@ Three kinds of metric are accepted wherever mxoid asks for metrics
 
 from __future__ import annotations
 
-from .accumulator import MetricAccumulator, Reducer
+from .accumulator import MetricAccumulator, Reducer, per_row_head
 from .creation import Metric, MetricLike, create_metrics
 from .device import DEVICE_METRIC_NAMES, DeviceMetric
 from .host import HostMetric
@@ -36,5 +38,6 @@ __all__ = [
     "Reducer",
     "create_metrics",
     "label_for_output",
+    "per_row_head",
     "snake_case",
 ]

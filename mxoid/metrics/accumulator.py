@@ -18,7 +18,7 @@ from .naming import label_for_output
 if TYPE_CHECKING:  # pragma: no cover
     from ..executor_manager import DataParallelExecutorManager
 
-__all__ = ["MetricAccumulator", "Reducer"]
+__all__ = ["MetricAccumulator", "Reducer", "per_row_head"]
 
 Reducer = Callable[[np.ndarray], np.ndarray]
 """Maps the ``(metrics, 2)`` array of ``(sum, count)`` rows to the same, e.g. summed over
@@ -34,7 +34,10 @@ class MetricAccumulator:
     batch's real rows (the first ``manager.valid_rows[k]`` rows of device
     ``k``) to per-device sums, with one cached operator call per device and
     no host synchronization for :class:`DeviceMetric` (the operator graphs
-    and every array are made here, once). :meth:`values` reads the sums.
+    and every array are made here, once). Given ``head``, the manager's
+    private outputs of a :func:`per_row_head`, the executors have computed the
+    per-row values already and one addition per device is left.
+    :meth:`values` reads the sums.
 
     Parameters
     ----------
@@ -42,6 +45,9 @@ class MetricAccumulator:
         Bound for the batches to come (its ``outputs`` and ``labels``).
     metrics : sequence of (str, Metric)
         Output name (without ``_output``) and metric on it.
+    head : list of NDArray, optional
+        Per device, the ``(rows, device metrics)`` values of :func:`per_row_head`
+        for these metrics, filled by each forward pass.
 
     Attributes
     ----------
@@ -60,7 +66,10 @@ class MetricAccumulator:
     """
 
     def __init__(
-        self, manager: DataParallelExecutorManager, metrics: Sequence[Tuple[str, Metric]]
+        self,
+        manager: DataParallelExecutorManager,
+        metrics: Sequence[Tuple[str, Metric]],
+        head: Optional[Sequence[mx.nd.NDArray]] = None,
     ) -> None:
         self.manager = manager
         self.metrics: List[Metric] = []
@@ -85,11 +94,18 @@ class MetricAccumulator:
         self._sums: List[List[List[mx.nd.NDArray]]] = [[], []]
         self._mask_position = 0
         self._masks: Dict[Tuple[int, ...], List[mx.nd.NDArray]] = {}
+        # With a head: the executors' per-row values (rows, metrics), added to these.
+        self._head: Optional[List[mx.nd.NDArray]] = None
+        self._head_sums: List[mx.nd.NDArray] = []
         if device_entries:
-            self._bind_devices(device_entries)
+            self._bind_devices(device_entries, head)
         self._parity = 0
 
-    def _bind_devices(self, entries: List[Tuple[int, DeviceMetric, str, str]]) -> None:
+    def _bind_devices(
+        self,
+        entries: List[Tuple[int, DeviceMetric, str, str]],
+        head: Optional[Sequence[mx.nd.NDArray]] = None,
+    ) -> None:
         manager = self.manager
         outputs = sorted({output for _, _, output, _ in entries})
         labels = sorted({label for _, _, _, label in entries})
@@ -117,6 +133,15 @@ class MetricAccumulator:
             inputs.update({f"label{i}": manager.labels[n][device] for i, n in enumerate(labels)})
             inputs["mask"] = mx.nd.ones((rows,), ctx=ctx, dtype="float64")
             self._check_graph(graph, inputs, rows, [m for _, m, _, _ in entries])
+            if head is not None:  # the executors compute the values: only the sums here
+                if tuple(head[device].shape) != (rows, len(entries)):
+                    raise ValueError(
+                        f"the head gives per-row values of shape {tuple(head[device].shape)} "
+                        f"on device {device}, not ({rows}, {len(entries)})"
+                    )
+                self._head = list(head)
+                self._head_sums.append(mx.nd.zeros((rows, len(entries)), ctx, dtype="float64"))
+                continue
             names = graph.list_arguments()
             self._mask_position = names.index("mask")
             operator = mx.nd.CachedOp(graph, flags=_CACHED_OP_FLAGS)
@@ -156,6 +181,8 @@ class MetricAccumulator:
         """Add the batch just run forward (its real rows only)."""
         manager = self.manager
         pad = manager.pad
+        if self._head is not None:
+            self._add_head(pad)
         calls = self._calls[self._parity]
         if pad:
             masks = self._masks_for(manager.valid_rows)
@@ -172,6 +199,17 @@ class MetricAccumulator:
         if self._host:
             self._update_host(manager.valid_rows)
         self.rows += manager.batch_size - pad
+
+    def _add_head(self, pad: int) -> None:
+        """Add the executors' per-row values: one addition per device (two with padding)."""
+        if not pad:
+            for sums, values in zip(self._head_sums, self._head):
+                sums += values
+            return
+        for sums, values, valid in zip(self._head_sums, self._head, self.manager.valid_rows):
+            if valid:
+                view = sums[:valid]
+                view += values[:valid]
 
     def _masks_for(self, valid_rows: Sequence[int]) -> List[mx.nd.NDArray]:
         key = tuple(valid_rows)
@@ -193,6 +231,8 @@ class MetricAccumulator:
 
     def reset(self) -> None:
         """Forget every batch added."""
+        for sums in self._head_sums:
+            sums[:] = 0
         for device_sums in self._sums[self._parity]:
             for array in device_sums:
                 array[:] = 0
@@ -210,7 +250,7 @@ class MetricAccumulator:
         self.manager.synchronize()
         device_sums = [
             [array.asnumpy().tolist() for array in sums] for sums in self._sums[self._parity]
-        ]
+        ] + [sums.asnumpy().T.tolist() for sums in self._head_sums]
         host = [list(metric.totals()) for metric, _, _ in self._host]
         return {"rows": self.rows, "device_sums": device_sums, "host": host}
 
@@ -220,6 +260,8 @@ class MetricAccumulator:
         for sums, saved in zip(self._sums[self._parity], state["device_sums"]):
             for array, values in zip(sums, saved):
                 array[:] = np.asarray(values, dtype="float64")
+        for sums, saved in zip(self._head_sums, state["device_sums"]):
+            sums[:] = np.asarray(saved, dtype="float64").T
         for (metric, _, _), (total, count) in zip(self._host, state["host"]):
             metric.restore_totals(total, count)
 
@@ -236,8 +278,10 @@ class MetricAccumulator:
         totals = np.zeros((len(self.metrics), 2))
         totals[:, 1] = self.rows * self._elements
         device_sums = self._sums[self._parity]
+        head_sums = [sums.asnumpy().sum(axis=0) for sums in self._head_sums]
         for position, index in enumerate(self._device_index):
             totals[index, 0] = sum(float(sums[position].asnumpy().sum()) for sums in device_sums)
+            totals[index, 0] += sum(float(sums[position]) for sums in head_sums)
         for index, metric in enumerate(self.metrics):
             if isinstance(metric, HostMetric):
                 totals[index] = metric.totals()
@@ -259,3 +303,56 @@ class MetricAccumulator:
             metric.value(float(total), float(count))
             for metric, (total, count) in zip(self.metrics, totals)
         ]
+
+
+def per_row_head(
+    symbol: mx.sym.Symbol,
+    metrics: Sequence[Tuple[str, Metric]],
+    label_names: Sequence[str],
+    input_shapes: Dict[str, Tuple[int, ...]],
+) -> Optional[mx.sym.Symbol]:
+    """Return a head computing the device metrics' per-row values in the symbol's own graph.
+
+    Its output, behind ``BlockGrad``, has shape ``(rows, metrics)`` in float64:
+    for each metric computed on the devices (in the order given; host metrics
+    are left out), the values :class:`MetricAccumulator` would compute from
+    the outputs and labels after the forward pass. Bound as a private head
+    of the training executors (``DataParallelExecutorManager(...,
+    private_heads=[head])``), it spares the accumulator its operator call per
+    device: one addition is left. None when there is no device metric, or
+    when a metric does not fit (the accumulator then reports why).
+    """
+    output_names = [output_short_name(n) for n in symbol.list_outputs()]
+    internals = symbol.get_internals()
+    available = set(internals.list_outputs())
+    try:
+        _, out_shapes, _ = symbol.infer_shape(**input_shapes)
+        columns = []
+        for output, metric in metrics:
+            if isinstance(metric, HostMetric):
+                continue
+            label = label_for_output(output, output_names, label_names)
+            if label not in available:
+                return None
+            position = output_names.index(output)
+            sums, _ = metric.per_row(
+                symbol[position],
+                internals[label],
+                tuple(out_shapes[position]),
+                tuple(input_shapes[label]),
+            )
+            columns.append(mx.sym.cast(sums, dtype="float64"))
+    except (ValueError, KeyError, mx.base.MXNetError):
+        return None
+    if not columns:
+        return None
+    head = mx.sym.BlockGrad(mx.sym.stack(*columns, axis=1))
+    rows = next(iter(input_shapes.values()))[0]
+    used = set(head.list_arguments())
+    try:
+        _, (shape,), _ = head.infer_shape(**{k: v for k, v in input_shapes.items() if k in used})
+    except mx.base.MXNetError:
+        return None
+    if tuple(shape) != (rows, len(columns)):
+        return None
+    return head

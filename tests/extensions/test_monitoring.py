@@ -246,6 +246,90 @@ def test_training_monitoring_equals_mxnet_accuracy_and_per_sample_means(n):
         start = end
 
 
+# ------------------------------------------- the training graph computes the values
+def test_training_metrics_are_computed_by_the_training_executors():
+    """The per-row values come out of the training executors (a private head): the
+    accumulator keeps one addition per device, and what users see is unchanged."""
+    X, y = dataset("train", 90)
+    monitoring = TrainingMonitoring({"softmax": ["acc", "ce"], "reg": "mse"})
+    loop = two_head_loop([monitoring, FinishAfter(after_n_epochs=1)], train=iterator(X, y, 20))
+    assert monitoring.accumulator._head is not None and not monitoring.accumulator._calls[0]
+    manager = loop.manager
+    assert manager.output_names == ["softmax", "reg"] and set(manager.outputs) == {
+        "softmax",
+        "reg",
+    }
+    assert [len(e.outputs) for e in manager.executors] == [3, 3]  # two heads + the private one
+    assert [tuple(a.shape) for a in manager.private_outputs[0]] == [(10, 3), (10, 3)]
+    assert loop.symbol.list_outputs() == ["softmax_output", "reg_output"]
+    loop.run()
+    assert 0 <= loop.log.last("train_softmax_accuracy") <= 1
+
+
+def test_an_extension_attached_later_uses_its_own_operator():
+    X, y = dataset("train", 90)
+    loop = two_head_loop([FinishAfter(after_n_epochs=1)], train=iterator(X, y, 20))
+    late = TrainingMonitoring({"softmax": "acc"})
+    late.attach(loop)
+    assert late.accumulator._head is None and late.accumulator._calls[0]
+
+
+@pytest.mark.parametrize("contexts", [1, 2])
+def test_the_private_head_changes_no_parameter_and_no_checkpoint(tmp_path, contexts):
+    """ResNet with BatchNorm: training with TrainingMonitoring ends bit for bit where
+    training without it ends, and the checkpoint holds the user's symbol."""
+    from networks import digits_images, initial_params, resnet
+
+    from mxoid import Checkpoint
+    from mxoid.checkpoint import latest_checkpoint
+
+    images, labels = digits_images(96)
+    images = np.repeat(images, 3, axis=1)
+    net = resnet(units=(1,), filters=(4, 8))
+    start = initial_params(net, (32, 3, 8, 8))
+    results = []
+    for extensions in ([], [TrainingMonitoring(["acc", "ce"])]):
+        train = mx.io.NDArrayIter(images, labels, 32, shuffle=False, label_name="softmax_label")
+        folder = tmp_path / str(len(extensions))
+        loop = MainLoop(
+            net,
+            train,
+            contexts=TWO_CPUS[:contexts],
+            arg_params=start[0],
+            aux_params=start[1],
+            optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
+            extensions=[FinishAfter(after_n_epochs=2), Checkpoint(str(folder)), *extensions],
+        ).run()
+        args, aux = loop.get_params()
+        results.append({**{k: v.asnumpy() for k, v in args.items()}, **aux_numpy(aux)})
+        saved = latest_checkpoint(str(folder))
+        symbol = mx.sym.load(str(folder / saved.path / "model-symbol.json"))
+        assert symbol.tojson() == net.tojson()
+    assert results[0].keys() == results[1].keys()
+    for name in results[0]:
+        np.testing.assert_array_equal(results[0][name], results[1][name], err_msg=name)
+
+
+def aux_numpy(aux):
+    return {f"aux:{k}": v.asnumpy() for k, v in aux.items()}
+
+
+def test_monitor_twins_fill_the_private_head_too():
+    """On the batches Monitor runs on its twin executors, the private outputs are copied back
+    with the others: the records equal those of the same run without Monitor."""
+    from mxoid import Monitor
+
+    X, y = dataset("train", 90)
+    records = []
+    for extra in ([], [Monitor("fc1_weight", every_n_batches=2)]):
+        monitoring = TrainingMonitoring({"softmax": ["acc", "ce"]}, every_n_batches=1)
+        loop = two_head_loop(
+            [monitoring, FinishAfter(after_n_epochs=1), *extra], train=iterator(X, y, 20)
+        ).run()
+        records.append([row["train_softmax_cross_entropy"] for _, row in loop.log.items() if row])
+    assert len(records[0]) == 5 and records[0] == records[1]
+
+
 # ---------------------------------------------------------- one output, order
 def test_one_output_names_and_order_within_after_epoch():
     X, y = dataset("train")
