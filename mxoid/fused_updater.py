@@ -5,8 +5,9 @@ multi-tensor kernels (``multi_sgd_update`` / ``multi_sgd_mom_update``), which
 cost 1.5-2x more on the CPU than the one-parameter kernels, and works out each
 parameter's learning rate, weight decay and keyword arguments again at every
 call. :class:`FusedUpdater` works out what does not change once per parameter
-(its multipliers, state and keywords: a *plan*) and then calls MXNet's own
-fused kernel for it directly:
+(its multipliers, state, keywords and the prepared call of
+:class:`~mxoid.invoke.PreparedCall`: a *plan*) and then calls MXNet's own fused
+kernel for it directly:
 
 =================================  =====================  =======================
 optimizer                          kernel                 against the stock path
@@ -29,14 +30,13 @@ do: checkpoints load in ``Module``.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Union
 
 import mxnet as mx
 
-__all__ = ["FusedSGDUpdater", "FusedUpdater", "create_updater", "fused_kernel"]
+from .invoke import PreparedCall
 
-# key, state, lr multiplier, wd multiplier, kernel call
-_Plan = Tuple[Any, Any, float, float, Callable[..., None]]
+__all__ = ["FusedSGDUpdater", "FusedUpdater", "create_updater", "fused_kernel"]
 
 
 def fused_kernel(optimizer: mx.optimizer.Optimizer) -> Optional[str]:
@@ -100,14 +100,21 @@ class FusedUpdater(mx.optimizer.Updater):
         if plan is None:
             super().__call__(index, grad, weight)
             return
-        key, state, lr_mult, wd_mult, step = plan
         optimizer = self.optimizer
-        optimizer._update_count(key)
+        optimizer._update_count(plan.key)
         if optimizer.lr_scheduler is not None:
             lr = optimizer.lr_scheduler(optimizer.num_update)
         else:
             lr = optimizer.lr
-        step(weight, grad, state, key, lr * lr_mult, optimizer.wd * wd_mult)
+        lr *= plan.lr_mult
+        if plan.adam:  # Adam's bias correction, as Adam.update computes it
+            t = optimizer._index_update_count[plan.key]
+            lr *= math.sqrt(1.0 - optimizer.beta2**t) / (1.0 - optimizer.beta1**t)
+        call = plan.call
+        if weight.handle.value != plan.weight or grad.handle.value != plan.grad:
+            # Other arrays than those prepared (a kvstore passes new handles each time).
+            call = self._prepare(plan, grad, weight)
+        call(lr=lr, wd=optimizer.wd * plan.wd_mult)
 
     def _plan(self, index: Any, grad: mx.nd.NDArray, weight: mx.nd.NDArray) -> Optional[_Plan]:
         if weight.stype != "default" or grad.stype != "default":
@@ -124,47 +131,45 @@ class FusedUpdater(mx.optimizer.Updater):
             lr_mult, wd_mult = optimizer._get_lrs([key])[0], optimizer._get_wds([key])[0]
         finally:
             optimizer.lr, optimizer.wd, optimizer.lr_scheduler = lr, wd, scheduler
-        return key, self.states[key], lr_mult, wd_mult, self._step(optimizer)
+        plan = _Plan(key, self.states[key], lr_mult, wd_mult, self._kernel == "adam_update")
+        plan.call = self._prepare(plan, grad, weight)
+        return plan
 
-    def _step(self, optimizer: mx.optimizer.Optimizer) -> Callable[..., None]:
-        """Return the kernel call, with the keywords the optimizer's own ``update`` passes."""
-        kwargs: Dict[str, Any] = {"rescale_grad": optimizer.rescale_grad}
+    def _prepare(self, plan: _Plan, grad: mx.nd.NDArray, weight: mx.nd.NDArray) -> PreparedCall:
+        """Prepare the kernel call on these arrays, with the keywords the optimizer passes."""
+        optimizer, kernel = self.optimizer, self._kernel
+        constants: Dict[str, Any] = {"rescale_grad": optimizer.rescale_grad}
         if optimizer.clip_gradient:
-            kwargs["clip_gradient"] = optimizer.clip_gradient
-        kernel = self._kernel
+            constants["clip_gradient"] = optimizer.clip_gradient
         if kernel == "adam_update":
-            kwargs.update(
+            constants.update(
                 beta1=optimizer.beta1,
                 beta2=optimizer.beta2,
                 epsilon=optimizer.epsilon,
                 lazy_update=optimizer.lazy_update,
             )
-            beta1, beta2 = optimizer.beta1, optimizer.beta2
-            counts = optimizer._index_update_count
+            mean, var = plan.state
+            arrays = [weight, grad, mean, var]
+        else:
+            if kernel in ("sgd_mom_update", "nag_mom_update"):
+                constants["momentum"] = optimizer.momentum
+            if type(optimizer) is mx.optimizer.SGD:
+                constants["lazy_update"] = optimizer.lazy_update
+            arrays = [weight, grad] if kernel == "sgd_update" else [weight, grad, plan.state]
+        plan.weight, plan.grad = weight.handle.value, grad.handle.value
+        return PreparedCall(kernel, arrays, [weight], **constants)
 
-            def adam(weight, grad, state, key, lr, wd):
-                t = counts[key]
-                lr *= math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t)
-                mean, var = state
-                mx.nd.adam_update(weight, grad, mean, var, out=weight, lr=lr, wd=wd, **kwargs)
 
-            return adam
-        if kernel in ("sgd_mom_update", "nag_mom_update"):
-            kwargs["momentum"] = optimizer.momentum
-        if type(optimizer) is mx.optimizer.SGD:
-            kwargs["lazy_update"] = optimizer.lazy_update
-        if kernel == "sgd_update":
+class _Plan:
+    """What does not change between two steps of one parameter."""
 
-            def sgd(weight, grad, state, key, lr, wd):
-                mx.nd.sgd_update(weight, grad, out=weight, lr=lr, wd=wd, **kwargs)
+    __slots__ = ("key", "state", "lr_mult", "wd_mult", "adam", "call", "weight", "grad")
 
-            return sgd
-        function = getattr(mx.nd, kernel)
-
-        def momentum(weight, grad, state, key, lr, wd):
-            function(weight, grad, state, out=weight, lr=lr, wd=wd, **kwargs)
-
-        return momentum
+    def __init__(self, key: Any, state: Any, lr_mult: float, wd_mult: float, adam: bool) -> None:
+        self.key, self.state, self.adam = key, state, adam
+        self.lr_mult, self.wd_mult = lr_mult, wd_mult
+        self.call: Optional[PreparedCall] = None
+        self.weight = self.grad = 0  # the handles the call was prepared with
 
 
 FusedSGDUpdater = FusedUpdater

@@ -23,6 +23,7 @@ TOP_LEVEL = {
     "inference",
     "initialization",
     "interrupt",
+    "invoke",
     "launch",
     "main_loop",
     "update",

@@ -14,6 +14,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ..checkpoint.data_position import batches_per_epoch
+from ..invoke import PreparedCall
 from ..log.records import BEST_ITERATION, NEW_BEST, counted, format_value
 from .base import Extension
 
@@ -230,6 +231,7 @@ class ProgressBar(Extension):
         self._epoch_length: Optional[int] = None
         self._pending: Deque[mx.nd.NDArray] = deque()
         self._tokens: List[mx.nd.NDArray] = []
+        self._copies: List[PreparedCall] = []  # first output row -> each token
         self._next_token = 0
 
     def before_epoch(self) -> None:
@@ -274,17 +276,18 @@ class ProgressBar(Extension):
 
     def _token(self) -> mx.nd.NDArray:
         """Return a small array the engine writes once this batch's outputs are computed."""
-        manager = self.main_loop.manager
-        output = manager.outputs[manager.output_names[0]][0]
         if not self._tokens:
+            manager = self.main_loop.manager
+            first_row = manager.outputs[manager.output_names[0]][0][:1]  # a view, made once
             self._tokens = [
-                mx.nd.zeros((1,) + output.shape[1:], output.context, output.dtype)
+                mx.nd.zeros(first_row.shape, first_row.context, first_row.dtype)
                 for _ in range(self.in_flight + 1)
             ]
-        token = self._tokens[self._next_token]
-        self._next_token = (self._next_token + 1) % len(self._tokens)
-        output[:1].copyto(token)
-        return token
+            self._copies = [PreparedCall("_copyto", [first_row], [t]) for t in self._tokens]
+        position = self._next_token
+        self._next_token = (position + 1) % len(self._tokens)
+        self._copies[position]()
+        return self._tokens[position]
 
     def _drain(self) -> None:
         while self._pending:

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import clean_mxnet_message
 from ..executor_manager import output_short_name
+from ..invoke import PreparedCall
 from .creation import Metric
 from .device import DeviceMetric
 from .host import HostMetric
@@ -97,6 +98,7 @@ class MetricAccumulator:
         # With a head: the executors' per-row values (rows, metrics), added to these.
         self._head: Optional[List[mx.nd.NDArray]] = None
         self._head_sums: List[mx.nd.NDArray] = []
+        self._head_adds: List[PreparedCall] = []
         if device_entries:
             self._bind_devices(device_entries, head)
         self._parity = 0
@@ -140,7 +142,10 @@ class MetricAccumulator:
                         f"on device {device}, not ({rows}, {len(entries)})"
                     )
                 self._head = list(head)
-                self._head_sums.append(mx.nd.zeros((rows, len(entries)), ctx, dtype="float64"))
+                sums = mx.nd.zeros((rows, len(entries)), ctx, dtype="float64")
+                self._head_sums.append(sums)
+                # sums += values, as NDArray's += does it, prepared once.
+                self._head_adds.append(PreparedCall("broadcast_add", [sums, head[device]], [sums]))
                 continue
             names = graph.list_arguments()
             self._mask_position = names.index("mask")
@@ -203,8 +208,8 @@ class MetricAccumulator:
     def _add_head(self, pad: int) -> None:
         """Add the executors' per-row values: one addition per device (two with padding)."""
         if not pad:
-            for sums, values in zip(self._head_sums, self._head):
-                sums += values
+            for add in self._head_adds:
+                add()
             return
         for sums, values, valid in zip(self._head_sums, self._head, self.manager.valid_rows):
             if valid:
