@@ -197,10 +197,10 @@ class DataParallelExecutorManager:
     for_training : bool, default True
         False binds no gradient at all (inference).
     private_heads : sequence of mx.sym.Symbol, optional
-        Extra outputs computed by the training executors after the symbol's own
-        (behind ``BlockGrad``, reading only the symbol's arrays), for mxoid's
-        use: the per-row metric values of
-        :class:`~mxoid.extensions.TrainingMonitoring`. They are in
+        Extra outputs computed by the executors after the symbol's own (behind
+        ``BlockGrad``, reading only the symbol's arrays), for mxoid's use: the
+        per-row metric values of :class:`~mxoid.extensions.TrainingMonitoring`
+        and :class:`~mxoid.extensions.Evaluate`. They are in
         :attr:`private_outputs`, not in :attr:`outputs`.
 
     Attributes
@@ -248,11 +248,8 @@ class DataParallelExecutorManager:
         self.symbol = symbol
         # What the executors run: the symbol, and the private heads after its outputs.
         self._bound_symbol = mx.sym.Group([symbol, *private_heads]) if private_heads else symbol
-        if private_heads and (
-            shared_manager is not None
-            or self._bound_symbol.list_arguments() != symbol.list_arguments()
-        ):
-            raise ValueError("private heads may only read the symbol's own arrays, in training")
+        if private_heads and self._bound_symbol.list_arguments() != symbol.list_arguments():
+            raise ValueError("private heads may only read the symbol's own arrays")
         self.contexts = list(contexts)
         if not self.contexts:
             raise ValueError("contexts is empty; pass at least one, e.g. contexts=[mx.cpu()]")
@@ -379,8 +376,9 @@ class DataParallelExecutorManager:
         # MXNet's MKLDNN subgraph backend, which caches the weights at its
         # first forward and then silently uses stale weights.
         base = self.shared_manager.executors[device]
-        arg_shapes, _, _ = self.symbol.infer_shape(**shapes)
-        arg_types, _, _ = self.symbol.infer_type(**types)
+        symbol = self._bound_symbol
+        arg_shapes, _, _ = symbol.infer_shape(**shapes)
+        arg_types, _, _ = symbol.infer_type(**types)
         args, grads, grad_req = {}, {}, {}
         for name, shape, dtype in zip(self.arg_names, arg_shapes, arg_types):
             if name in shapes:
@@ -398,7 +396,7 @@ class DataParallelExecutorManager:
                 else:
                     grads[name] = base.grad_dict[name]
                     grad_req[name] = "write"
-        return self.symbol.bind(
+        return symbol.bind(
             ctx,
             args=args,
             args_grad=grads,
@@ -411,22 +409,21 @@ class DataParallelExecutorManager:
         self,
         data_shapes: Sequence[DataDescLike],
         label_shapes: Optional[Sequence[DataDescLike]] = None,
+        private_heads: Sequence[mx.sym.Symbol] = (),
     ) -> DataParallelExecutorManager:
         """Return a manager for other input shapes that shares this one's parameters.
 
-        The manager is bound once per distinct set of shapes and reused.
-        It is meant for forward passes (``is_train=False``) only.
+        The manager is bound once per distinct set of shapes (and of private
+        heads) and reused. It is meant for forward passes (``is_train=False``)
+        only. Without private heads, inputs of this manager's shapes get this
+        manager itself.
         """
         data_descs, label_descs = _as_descs(data_shapes), _as_descs(label_shapes)
-        if [(d.name, tuple(d.shape)) for d in data_descs] == [
-            (d.name, tuple(d.shape)) for d in self.data_descs
-        ] and [(d.name, tuple(d.shape)) for d in label_descs] == [
-            (d.name, tuple(d.shape)) for d in self.label_descs
-        ]:
+        if self.same_inputs(data_descs, label_descs) and not private_heads:
             return self
         key = tuple(
             (d.name, tuple(d.shape), np.dtype(d.dtype).str) for d in data_descs + label_descs
-        )
+        ) + tuple(head.tojson() for head in private_heads)
         if key not in self._evaluation_managers:
             self._evaluation_managers[key] = DataParallelExecutorManager(
                 self.symbol,
@@ -435,8 +432,22 @@ class DataParallelExecutorManager:
                 label_descs,
                 work_load_list=self.work_load_list,
                 shared_manager=self,
+                private_heads=private_heads,
             )
         return self._evaluation_managers[key]
+
+    def same_inputs(
+        self,
+        data_shapes: Sequence[DataDescLike],
+        label_shapes: Optional[Sequence[DataDescLike]] = None,
+    ) -> bool:
+        """Return whether inputs of these names and shapes are this manager's own."""
+        data_descs, label_descs = _as_descs(data_shapes), _as_descs(label_shapes)
+        return [(d.name, tuple(d.shape)) for d in data_descs] == [
+            (d.name, tuple(d.shape)) for d in self.data_descs
+        ] and [(d.name, tuple(d.shape)) for d in label_descs] == [
+            (d.name, tuple(d.shape)) for d in self.label_descs
+        ]
 
     # ----------------------------------------------------------------- batches
     def load_data_batch(self, batch: mx.io.DataBatch, labels: bool = True) -> None:

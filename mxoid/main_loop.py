@@ -24,7 +24,7 @@ from .distributed.workers import (
     exit_after_error,
     pull_parameters,
 )
-from .executor_manager import DataParallelExecutorManager, check_contexts
+from .executor_manager import DataParallelExecutorManager, check_contexts, split_batch
 from .extensions.base import Extension
 from .extensions.dispatch import HookDispatcher, check_extensions
 from .extensions.monitoring import private_heads
@@ -217,7 +217,11 @@ class MainLoop:
                 )
             self.accumulate_batches = accumulate_batches
             heads = private_heads(
-                self.extensions, symbol, train_data.provide_data, train_data.provide_label
+                self.extensions,
+                symbol,
+                train_data.provide_data,
+                train_data.provide_label,
+                _rows_per_device(train_data, len(self.contexts), work_load_list),
             )
             self._private_heads = {id(extension): i for i, (extension, _) in enumerate(heads)}
             self.manager = DataParallelExecutorManager(
@@ -828,3 +832,20 @@ def _check_inputs(symbol: Any, train_data: Any, initializer: Any) -> None:
             f"initializer must be an mx.init.Initializer such as mx.init.Xavier(), "
             f"not {type(initializer).__name__} ({initializer!r})"
         )
+
+
+def _rows_per_device(
+    train_data: mx.io.DataIter, devices: int, work_load_list: Optional[Sequence[float]]
+) -> List[int]:
+    """Return how many rows of a training batch each device gets (as the manager splits it).
+
+    Empty when the inputs are not right: the manager then says what is wrong.
+    """
+    shares = list(work_load_list) if work_load_list is not None else [1] * devices
+    try:
+        batch_size = int(list(train_data.provide_data)[0][1][0])
+        if not devices or len(shares) != devices:
+            return []
+        return [s.stop - s.start for s in split_batch(batch_size, shares)]
+    except (ValueError, TypeError, IndexError):
+        return []

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 import mxnet as mx
 
-from ..executor_manager import output_short_name
+from ..executor_manager import output_short_name, split_batch
 from ..metrics import (
     Metric,
     MetricAccumulator,
@@ -140,8 +140,11 @@ class Evaluate(_MetricsExtension):
     :func:`mxoid.metrics.create_metrics`).
 
     Iterators may have another batch size than training: executors are bound
-    for their shapes once, sharing the training parameters; iterators with
-    the training shapes run on the training executors. Either way the loop
+    for their shapes once, sharing the training parameters, and they compute
+    each row's metric values in their own graph (one array addition per
+    device and batch is left); iterators with the training shapes run on the
+    training executors, with one operator call per device and batch for the
+    metrics. Either way the loop
     first waits for the training step in flight and, on several devices,
     makes every device hold the averaged BatchNorm statistics
     (:meth:`MainLoop.get_params` describes the policy), and training goes on
@@ -222,12 +225,33 @@ class Evaluate(_MetricsExtension):
             try:
                 for output, _ in bound:
                     label_for_output(output, loop.manager.output_names, label_names)
-                manager = loop.manager.evaluation_manager(
-                    iterator.provide_data, iterator.provide_label
-                )
-                self._accumulators[name] = MetricAccumulator(manager, bound)
+                self._accumulators[name] = self._accumulator(loop, iterator, bound)
             except ValueError as error:
                 raise ValueError(f"{self.name}, iterator {name!r}: {error}") from None
+
+    @staticmethod
+    def _accumulator(
+        loop: MainLoop, iterator: mx.io.DataIter, bound: List[Tuple[str, Metric]]
+    ) -> MetricAccumulator:
+        """Bind the metrics of one iterator: in the evaluation graph itself where they fit.
+
+        An iterator with the training shapes runs on the training executors,
+        whose graph is training's: its metrics take an operator call per device
+        and batch. Others get executors of their own, which compute the per-row
+        values as a private head (:func:`~mxoid.metrics.per_row_head`).
+        """
+        manager = loop.manager
+        data, labels = iterator.provide_data, iterator.provide_label
+        if not manager.same_inputs(data, labels):
+            shapes = {desc[0]: tuple(desc[1]) for desc in list(data) + list(labels or [])}
+            label_names = [desc[0] for desc in labels or []]
+            batch_size = next(iter(shapes.values()))[0]
+            rows = [s.stop - s.start for s in split_batch(batch_size, manager.work_load_list)]
+            head = per_row_head(loop.symbol, bound, label_names, shapes, rows)
+            if head is not None:
+                manager = manager.evaluation_manager(data, labels, private_heads=[head])
+                return MetricAccumulator(manager, bound, manager.private_outputs[0])
+        return MetricAccumulator(manager.evaluation_manager(data, labels), bound)
 
     def do(self, which_callback: str, *args: Any) -> None:
         """Evaluate every iterator and write the records into the current row."""
@@ -333,6 +357,7 @@ class TrainingMonitoring(_MetricsExtension):
         symbol: mx.sym.Symbol,
         label_names: Sequence[str],
         input_shapes: Dict[str, Tuple[int, ...]],
+        rows_per_device: Sequence[int],
     ) -> Optional[mx.sym.Symbol]:
         """Return the head that computes this extension's per-row values in the training graph.
 
@@ -346,7 +371,7 @@ class TrainingMonitoring(_MetricsExtension):
             bound = _bind_outputs(self._keyed, self._parsed, output_names)
         except ValueError:
             return None
-        return per_row_head(symbol, bound, label_names, input_shapes)
+        return per_row_head(symbol, bound, label_names, input_shapes, rows_per_device)
 
     def after_batch(self, batch: Any) -> None:
         """Add the batch to the running sums (no host sync), then fire if a condition holds."""
@@ -375,19 +400,23 @@ def private_heads(
     symbol: mx.sym.Symbol,
     data_descs: Sequence[Any],
     label_descs: Optional[Sequence[Any]],
+    rows_per_device: Sequence[int],
 ) -> List[Tuple[Extension, mx.sym.Symbol]]:
     """Return the private heads the training executors compute for these extensions.
 
     One per :class:`TrainingMonitoring` whose metrics can be computed in the
-    training graph, with the extension it serves.
+    training graph, with the extension it serves. ``rows_per_device``: how the
+    training batch is split.
     """
+    if not rows_per_device:
+        return []
     descs = list(data_descs) + list(label_descs or [])
     shapes = {desc[0]: tuple(desc[1]) for desc in descs}
     label_names = [desc[0] for desc in label_descs or []]
     heads = []
     for extension in extensions:
         if isinstance(extension, TrainingMonitoring):
-            head = extension.private_head(symbol, label_names, shapes)
+            head = extension.private_head(symbol, label_names, shapes, rows_per_device)
             if head is not None:
                 heads.append((extension, head))
     return heads

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import mxnet as mx
 import numpy as np
@@ -315,6 +315,7 @@ def per_row_head(
     metrics: Sequence[Tuple[str, Metric]],
     label_names: Sequence[str],
     input_shapes: Dict[str, Tuple[int, ...]],
+    rows_per_device: Sequence[int],
 ) -> Optional[mx.sym.Symbol]:
     """Return a head computing the device metrics' per-row values in the symbol's own graph.
 
@@ -322,16 +323,24 @@ def per_row_head(
     for each metric computed on the devices (in the order given; host metrics
     are left out), the values :class:`MetricAccumulator` would compute from
     the outputs and labels after the forward pass. Bound as a private head
-    of the training executors (``DataParallelExecutorManager(...,
-    private_heads=[head])``), it spares the accumulator its operator call per
-    device: one addition is left. None when there is no device metric, or
-    when a metric does not fit (the accumulator then reports why).
+    of the executors (``DataParallelExecutorManager(..., private_heads=[head])``),
+    it spares the accumulator its operator call per device: one addition is
+    left. ``input_shapes`` are those of a whole batch; the metrics see each
+    device's shapes (its ``rows_per_device`` rows), as they do in the
+    accumulator. None when there is no device metric, or when a metric does not
+    fit every device's shapes (the accumulator then computes it itself, or
+    reports why).
     """
     output_names = [output_short_name(n) for n in symbol.list_outputs()]
     internals = symbol.get_internals()
     available = set(internals.list_outputs())
+
+    def device_shapes(rows: int) -> Dict[str, Tuple[int, ...]]:
+        return {name: (rows,) + tuple(shape[1:]) for name, shape in input_shapes.items()}
+
+    shapes = device_shapes(rows_per_device[0])
     try:
-        _, out_shapes, _ = symbol.infer_shape(**input_shapes)
+        _, out_shapes, _ = _infer_shapes(symbol, shapes)
         columns = []
         for output, metric in metrics:
             if isinstance(metric, HostMetric):
@@ -344,7 +353,7 @@ def per_row_head(
                 symbol[position],
                 internals[label],
                 tuple(out_shapes[position]),
-                tuple(input_shapes[label]),
+                tuple(shapes[label]),
             )
             columns.append(mx.sym.cast(sums, dtype="float64"))
     except (ValueError, KeyError, mx.base.MXNetError):
@@ -352,12 +361,21 @@ def per_row_head(
     if not columns:
         return None
     head = mx.sym.BlockGrad(mx.sym.stack(*columns, axis=1))
-    rows = next(iter(input_shapes.values()))[0]
     used = set(head.list_arguments())
-    try:
-        _, (shape,), _ = head.infer_shape(**{k: v for k, v in input_shapes.items() if k in used})
-    except mx.base.MXNetError:
-        return None
-    if tuple(shape) != (rows, len(columns)):
-        return None
+    for rows in sorted(set(rows_per_device)):  # a metric may write its shapes into the graph
+        try:
+            given = {k: v for k, v in device_shapes(rows).items() if k in used}
+            _, (shape,), _ = _infer_shapes(head, given)
+        except mx.base.MXNetError:
+            return None
+        if tuple(shape) != (rows, len(columns)):
+            return None
     return head
+
+
+def _infer_shapes(symbol: mx.sym.Symbol, shapes: Dict[str, Tuple[int, ...]]) -> Any:
+    """``symbol.infer_shape(**shapes)`` without the lines MXNet prints when it fails."""
+    result = symbol._infer_shape_impl(False, **shapes)
+    if result[1] is None:  # shapes left unknown
+        raise mx.base.MXNetError(f"cannot infer the shapes from {shapes}")
+    return result

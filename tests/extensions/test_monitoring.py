@@ -266,6 +266,32 @@ def test_training_metrics_are_computed_by_the_training_executors():
     assert 0 <= loop.log.last("train_softmax_accuracy") <= 1
 
 
+def test_evaluate_computes_the_values_in_the_evaluation_graph_for_other_shapes():
+    """An iterator with another batch size gets executors with a private head; one with
+    the training shapes runs on the training executors (an operator call per device)."""
+    Xv, yv = dataset("valid")
+    evaluate = Evaluate(
+        {"other": iterator(Xv, yv, 16), "same": iterator(Xv[:80], yv[:80], 20)},
+        metrics={"softmax": ["acc", "ce"], "reg": "mse"},
+    )
+    loop = two_head_loop([evaluate, FinishAfter(after_n_epochs=1)])
+    other, same = evaluate._accumulators["other"], evaluate._accumulators["same"]
+    assert other._head is not None and not other._calls[0]
+    assert other.manager is not loop.manager and other.manager.output_names == ["softmax", "reg"]
+    assert same._head is None and same.manager is loop.manager
+    loop.run()
+    row = loop.log[loop.status.iterations_done]
+    params = loop.get_params()[0]
+    # 84 rows by 16: the last batch has 4 real rows (device 0: 4, device 1: none).
+    for name, X, y in (("other", Xv, yv), ("same", Xv[:80], yv[:80])):
+        expected = numpy_metrics(params, X, y)
+        assert row[f"{name}_softmax_accuracy"] == pytest.approx(
+            expected["softmax_accuracy"], abs=1e-12
+        )
+        for metric in ("softmax_cross_entropy", "reg_mse"):
+            assert row[f"{name}_{metric}"] == pytest.approx(expected[metric], rel=1e-5)
+
+
 def test_an_extension_attached_later_uses_its_own_operator():
     X, y = dataset("train", 90)
     loop = two_head_loop([FinishAfter(after_n_epochs=1)], train=iterator(X, y, 20))

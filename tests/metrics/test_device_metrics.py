@@ -57,6 +57,47 @@ def test_a_user_device_metric_is_computed_on_the_devices():
     _, reg = numpy_forward(loop.get_params()[0], X)
     expected = np.mean((np.log1p(np.abs(reg)) - np.log1p(np.abs(regression_target(X)))) ** 2)
     assert evaluate.evaluate()["valid_reg_msle"] == pytest.approx(expected, rel=1e-5)
+    # Batches of 16 on two devices: 8 rows each, so the graph can compute it.
+    assert evaluate._accumulators["valid"]._head is not None
+
+
+def squared_log_error(pred, label, pred_shape, label_shape):
+    """A user metric that writes the device's shapes into its graph."""
+    diff = mx.sym.log1p(mx.sym.abs(pred)) - mx.sym.log1p(
+        mx.sym.abs(mx.sym.reshape(label, shape=pred_shape))
+    )
+    return mx.sym.sum(mx.sym.square(diff), axis=1), pred_shape[1]
+
+
+def test_devices_with_other_shapes_keep_the_metric_out_of_the_graph():
+    """work_load_list [1, 3]: 5 and 15 rows. A metric built for one device's shapes cannot
+    run in the shared graph; it is computed per device instead, with the same values."""
+    from conftest import initial_params, two_heads
+
+    X, y = dataset("train", 100)
+    net = two_heads()
+    loops = []
+    for work_load in ([1, 3], [1, 1]):
+        monitoring = TrainingMonitoring(
+            {"reg": [DeviceMetric("msle", squared_log_error), "mse"]}, every_n_batches=1
+        )
+        loop = MainLoop(
+            net,
+            iterator(X, y, 20),
+            contexts=TWO_CPUS,
+            work_load_list=work_load,
+            arg_params=initial_params(net, (20, 10)),
+            optimizer_params={"learning_rate": 0.0},
+            extensions=[monitoring, FinishAfter(after_n_epochs=1)],
+        )
+        assert (monitoring.accumulator._head is None) == (work_load == [1, 3])
+        loops.append(loop.run())
+    uneven, even = (
+        [row for _, row in loop.log.items() if "train_reg_msle" in row] for loop in loops
+    )
+    for a, b in zip(uneven, even):  # the same parameters throughout (rate 0)
+        assert a["train_reg_msle"] == pytest.approx(b["train_reg_msle"], rel=1e-6)
+        assert a["train_reg_mse"] == pytest.approx(b["train_reg_mse"], rel=1e-6)
 
 
 # -------------------------------------------------------------------- errors
