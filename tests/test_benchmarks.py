@@ -98,3 +98,43 @@ def test_module_fit_without_metric_really_computes_none():
     metric = mx.metric.CompositeEvalMetric()
     metric.update_dict({"softmax_label": mx.nd.zeros(2)}, {"softmax_output": mx.nd.zeros((2, 3))})
     assert metric.get_name_value() == []
+
+
+# ---------------------------------------------------------------- the standalone benchmarks
+def _run_check(script, tmp_path):
+    """Run ``benchmarks/<script> --check`` in a subprocess; return its JSON report."""
+    path = tmp_path / f"{script}.json"
+    completed = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", script), "--check", "--json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stdout[-4000:] + completed.stderr[-4000:]
+    with open(path) as f:
+        data = json.load(f)
+    assert data["mode"] == "check"
+    assert data["correctness"]["ok"], data["correctness"]["failures"]
+    return data
+
+
+def test_updaters_check_fused_agrees_with_stock(tmp_path):
+    data = _run_check("updaters.py", tmp_path)
+    cases = data["correctness"]["cases"]
+    assert {c["optimizer"] for c in cases} == {"sgd", "sgd_mom", "nag", "adam"}
+    assert all(not c["failures"] for c in cases)
+    assert all(
+        r["stock"]["us_per_step"] > 0 and r["fused"]["us_per_step"] > 0 for r in data["results"]
+    )
+
+
+def test_prefetch_check_same_parameters_with_and_without(tmp_path):
+    _run_check("prefetch.py", tmp_path)
+
+
+def test_evaluate_check_same_accuracy_as_module_score(tmp_path):
+    data = _run_check("evaluate.py", tmp_path)
+    for row in data["results"]:
+        if "acc" in row["metrics"]:
+            assert row["values"]["mxoid"]["acc"] == row["values"]["module"]["acc"]
+            assert 0.0 < row["values"]["mxoid"]["acc"] < 1.0  # the equality is not vacuous
