@@ -36,30 +36,19 @@ Speed never changes the exit status.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-THREAD_SETTINGS = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MXNET_CPU_WORKER_NTHREADS": "1",
-    "MXNET_SUBGRAPH_VERBOSE": "0",
-}
-os.environ.update(THREAD_SETTINGS)
-
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path[:0] = [ROOT, HERE]
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import standalone  # noqa: E402, I001  (first: the thread settings, before MXNet is imported)
 
 import contenders  # noqa: E402  (the benchmark's MLP, data and initial parameters)
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
-import run as runner  # noqa: E402
 
 import mxoid  # noqa: E402
 from mxoid.extensions import Evaluate  # noqa: E402
@@ -165,34 +154,12 @@ def check_values(values: Dict[str, Dict[str, float]], samples: int, where: str) 
     return failures
 
 
-class OtherLoad:
-    """CPU time other processes used since construction, in cores (as run.py's ``load``)."""
-
-    def __init__(self) -> None:
-        self.busy, self.own = runner._cpu_busy_seconds(), time.process_time()
-        self.wall = time.perf_counter()
-
-    def cores(self) -> float:
-        busy = runner._cpu_busy_seconds() - self.busy
-        own = time.process_time() - self.own
-        return max(0.0, (busy - own) / (time.perf_counter() - self.wall))
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--quick", action="store_true", help="under 30 s")
-    group.add_argument("--check", action="store_true", help="correctness only, a few seconds")
-    parser.add_argument(
-        "--json",
-        help=f"where to write the results (default results/{NAME}.json; "
-        f"results/{NAME}-check.json with --check)",
-    )
+    parser = standalone.argument_parser(__doc__, NAME)
     args = parser.parse_args(argv)
-    mode = "check" if args.check else "quick" if args.quick else "full"
+    mode = standalone.mode_of(args)
     settings = MODES[mode]
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    load = OtherLoad()
+    load = standalone.OtherLoad()
 
     samples = settings["samples"]
     symbol = contenders.build_symbol("mlp")
@@ -254,35 +221,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         f"{settings['rounds']} rounds; x: Module.score / mxoid (target >= {TARGET})"
     )
     print(format_table(results))
-    other_load = load.cores()
-    print(
-        f"other processes kept {other_load:.2f} of {os.cpu_count()} cores busy meanwhile "
-        "(above about 0.1 the figures are disturbed)"
-    )
-    report = {
-        "benchmark": NAME,
-        "mode": mode,
-        "started": started,
-        "machine": runner.machine_info(),
-        "mxnet": mx.__version__,
-        "thread_settings": THREAD_SETTINGS,
-        "other_load_cores": other_load,
-        "settings": {
-            "batch_sizes": BATCHES,
-            "metric_sets": METRIC_SETS,
-            "target": TARGET,
-            **settings,
+    standalone.write_report(
+        NAME,
+        args,
+        load,
+        {
+            "settings": {
+                "batch_sizes": BATCHES,
+                "metric_sets": METRIC_SETS,
+                "target": TARGET,
+                **settings,
+            },
+            "results": results,
+            "correctness": {"checked": True, "ok": not failures, "failures": failures},
         },
-        "results": results,
-        "correctness": {"checked": True, "ok": not failures, "failures": failures},
-    }
-    path = args.json or os.path.join(
-        HERE, "results", f"{NAME}-check.json" if args.check else f"{NAME}.json"
     )
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"results written to {path}")
     if failures and not args.check:
         print("Correctness: FAILED")
         for failure in failures:

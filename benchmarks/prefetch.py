@@ -37,30 +37,19 @@ with status 1 unless both end with bit-identical parameters
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-THREAD_SETTINGS = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MXNET_CPU_WORKER_NTHREADS": "1",
-    "MXNET_SUBGRAPH_VERBOSE": "0",
-}
-os.environ.update(THREAD_SETTINGS)
-
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path[:0] = [ROOT, HERE]
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import standalone  # noqa: E402, I001  (first: the thread settings, before MXNet is imported)
 
 import contenders  # noqa: E402  (the benchmark's MLP, data and initial parameters)
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
-import run as runner  # noqa: E402
 
 import mxoid  # noqa: E402
 from mxoid.data import Prefetch  # noqa: E402
@@ -344,39 +333,17 @@ def format_summary(cases: List[dict]) -> str:
     return "\n".join(lines)
 
 
-class OtherLoad:
-    """CPU time other processes used since construction, in cores (as run.py's ``load``)."""
-
-    def __init__(self) -> None:
-        self.busy, self.own = runner._cpu_busy_seconds(), time.process_time()
-        self.wall = time.perf_counter()
-
-    def cores(self) -> float:
-        busy = runner._cpu_busy_seconds() - self.busy
-        own = time.process_time() - self.own
-        return max(0.0, (busy - own) / (time.perf_counter() - self.wall))
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--quick", action="store_true", help="under 30 s")
-    group.add_argument("--check", action="store_true", help="correctness only, a few seconds")
+    parser = standalone.argument_parser(__doc__, NAME)
     parser.add_argument(
         "--from-numpy",
         action="store_true",
         help="build each batch with mx.nd.array from NumPy (host work besides the sleep)",
     )
-    parser.add_argument(
-        "--json",
-        help=f"where to write the results (default results/{NAME}.json; "
-        f"results/{NAME}-check.json with --check)",
-    )
     args = parser.parse_args(argv)
-    mode = "check" if args.check else "quick" if args.quick else "full"
+    mode = standalone.mode_of(args)
     settings = MODES[mode]
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    load = OtherLoad()
+    load = standalone.OtherLoad()
     bench = Bench(settings["batches"], args.from_numpy)
 
     failures: List[str] = []
@@ -412,37 +379,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print()
         print(format_summary(measured["cases"]))
 
-    other_load = load.cores()
-    print(
-        f"other processes kept {other_load:.2f} of {os.cpu_count()} cores busy meanwhile "
-        "(above about 0.1 the figures are disturbed)"
-    )
-    report = {
-        "benchmark": NAME,
-        "mode": mode,
-        "started": started,
-        "machine": runner.machine_info(),
-        "mxnet": mx.__version__,
-        "thread_settings": THREAD_SETTINGS,
-        "other_load_cores": other_load,
-        "settings": {
-            "batch_size": BATCH,
-            "optimizer_params": OPTIMIZER_PARAMS,
-            "depth": DEPTH,
-            "from_numpy": args.from_numpy,
-            "target": TARGET,
-            **settings,
+    standalone.write_report(
+        NAME,
+        args,
+        load,
+        {
+            "settings": {
+                "batch_size": BATCH,
+                "optimizer_params": OPTIMIZER_PARAMS,
+                "depth": DEPTH,
+                "from_numpy": args.from_numpy,
+                "target": TARGET,
+                **settings,
+            },
+            "results": measured,
+            "correctness": {"checked": bool(args.check), "ok": not failures, "failures": failures},
         },
-        "results": measured,
-        "correctness": {"checked": bool(args.check), "ok": not failures, "failures": failures},
-    }
-    path = args.json or os.path.join(
-        HERE, "results", f"{NAME}-check.json" if args.check else f"{NAME}.json"
     )
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"results written to {path}")
     return 1 if failures else 0
 
 

@@ -36,30 +36,18 @@ changes it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
 from typing import Dict, List, Optional, Sequence
 
-# Before MXNet is imported: one thread for OpenMP and one engine worker, as run.py's workers.
-THREAD_SETTINGS = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MXNET_CPU_WORKER_NTHREADS": "1",
-    "MXNET_SUBGRAPH_VERBOSE": "0",
-}
-os.environ.update(THREAD_SETTINGS)
-
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path[:0] = [ROOT, HERE]
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import standalone  # noqa: E402, I001  (first: the thread settings, before MXNet is imported)
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
-import run as runner  # noqa: E402  (machine_info; it imports no MXNet)
 
 from mxoid.fused_updater import FusedUpdater, fused_kernel  # noqa: E402
 
@@ -296,34 +284,12 @@ def format_table(results: List[dict]) -> str:
     return "\n".join(lines)
 
 
-class OtherLoad:
-    """CPU time other processes used since construction, in cores (as run.py's ``load``)."""
-
-    def __init__(self) -> None:
-        self.busy, self.own = runner._cpu_busy_seconds(), time.process_time()
-        self.wall = time.perf_counter()
-
-    def cores(self) -> float:
-        busy = runner._cpu_busy_seconds() - self.busy
-        own = time.process_time() - self.own
-        return max(0.0, (busy - own) / (time.perf_counter() - self.wall))
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument("--quick", action="store_true", help="under 30 s")
-    group.add_argument("--check", action="store_true", help="correctness only, a few seconds")
-    parser.add_argument(
-        "--json",
-        help=f"where to write the results (default results/{NAME}.json; "
-        f"results/{NAME}-check.json with --check)",
-    )
+    parser = standalone.argument_parser(__doc__, NAME)
     args = parser.parse_args(argv)
-    mode = "check" if args.check else "quick" if args.quick else "full"
+    mode = standalone.mode_of(args)
     settings = MODES[mode]
-    started = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    load = OtherLoad()
+    load = standalone.OtherLoad()
 
     failures: List[str] = []
     checks: List[dict] = []
@@ -364,38 +330,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("CPU: the Python thread's time.thread_time()); x: stock / fused, above 1 = fused faster")
     print(format_table(results))
 
-    other_load = load.cores()
-    print(
-        f"other processes kept {other_load:.2f} of {os.cpu_count()} cores busy meanwhile "
-        "(above about 0.1 the figures are disturbed)"
-    )
-    report = {
-        "benchmark": NAME,
-        "mode": mode,
-        "started": started,
-        "machine": runner.machine_info(),
-        "mxnet": mx.__version__,
-        "thread_settings": THREAD_SETTINGS,
-        "other_load_cores": other_load,
-        "settings": {
-            "optimizers": {k: {"name": v[0], **COMMON, **v[1]} for k, v in OPTIMIZERS.items()},
-            **settings,
+    standalone.write_report(
+        NAME,
+        args,
+        load,
+        {
+            "settings": {
+                "optimizers": {k: {"name": v[0], **COMMON, **v[1]} for k, v in OPTIMIZERS.items()},
+                **settings,
+            },
+            "results": results,
+            "correctness": {
+                "checked": bool(args.check),
+                "ok": not failures,
+                "failures": failures,
+                "cases": checks,
+            },
         },
-        "results": results,
-        "correctness": {
-            "checked": bool(args.check),
-            "ok": not failures,
-            "failures": failures,
-            "cases": checks,
-        },
-    }
-    path = args.json or os.path.join(
-        HERE, "results", f"{NAME}-check.json" if args.check else f"{NAME}.json"
     )
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with open(path, "w") as f:
-        json.dump(report, f, indent=1)
-    print(f"results written to {path}")
     return 1 if failures else 0
 
 
