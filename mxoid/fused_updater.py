@@ -110,11 +110,12 @@ class FusedUpdater(mx.optimizer.Updater):
         if plan.adam:  # Adam's bias correction, as Adam.update computes it
             t = optimizer._index_update_count[plan.key]
             lr *= math.sqrt(1.0 - optimizer.beta2**t) / (1.0 - optimizer.beta1**t)
-        call = plan.call
-        if weight.handle.value != plan.weight or grad.handle.value != plan.grad:
-            # Other arrays than those prepared (a kvstore passes new handles each time).
-            call = self._prepare(plan, grad, weight)
-        call(lr=lr, wd=optimizer.wd * plan.wd_mult)
+        wd = optimizer.wd * plan.wd_mult
+        if weight.handle.value == plan.weight and grad.handle.value == plan.grad:
+            plan.call(lr=lr, wd=wd)
+        else:  # other arrays than those prepared (a kvstore passes new handles each time)
+            kernel = getattr(mx.nd, self._kernel)
+            kernel(weight, grad, *plan.states, out=weight, lr=lr, wd=wd, **plan.constants)
 
     def _plan(self, index: Any, grad: mx.nd.NDArray, weight: mx.nd.NDArray) -> Optional[_Plan]:
         if weight.stype != "default" or grad.stype != "default":
@@ -148,27 +149,40 @@ class FusedUpdater(mx.optimizer.Updater):
                 epsilon=optimizer.epsilon,
                 lazy_update=optimizer.lazy_update,
             )
-            mean, var = plan.state
-            arrays = [weight, grad, mean, var]
+            plan.states = list(plan.state)  # the mean and the variance
         else:
             if kernel in ("sgd_mom_update", "nag_mom_update"):
                 constants["momentum"] = optimizer.momentum
             if type(optimizer) is mx.optimizer.SGD:
                 constants["lazy_update"] = optimizer.lazy_update
-            arrays = [weight, grad] if kernel == "sgd_update" else [weight, grad, plan.state]
+            plan.states = [] if kernel == "sgd_update" else [plan.state]
+        plan.constants = constants
         plan.weight, plan.grad = weight.handle.value, grad.handle.value
-        return PreparedCall(kernel, arrays, [weight], **constants)
+        return PreparedCall(kernel, [weight, grad, *plan.states], [weight], **constants)
 
 
 class _Plan:
     """What does not change between two steps of one parameter."""
 
-    __slots__ = ("key", "state", "lr_mult", "wd_mult", "adam", "call", "weight", "grad")
+    __slots__ = (
+        "key",
+        "state",
+        "states",
+        "lr_mult",
+        "wd_mult",
+        "adam",
+        "call",
+        "constants",
+        "weight",
+        "grad",
+    )
 
     def __init__(self, key: Any, state: Any, lr_mult: float, wd_mult: float, adam: bool) -> None:
         self.key, self.state, self.adam = key, state, adam
         self.lr_mult, self.wd_mult = lr_mult, wd_mult
         self.call: Optional[PreparedCall] = None
+        self.states: list = []  # the kernel's state arrays, after the weight and gradient
+        self.constants: Dict[str, Any] = {}  # its settings but the rate and weight decay
         self.weight = self.grad = 0  # the handles the call was prepared with
 
 

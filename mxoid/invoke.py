@@ -23,7 +23,7 @@ from typing import Any, Sequence, Tuple
 import mxnet as mx
 from mxnet.base import _LIB, NDArrayHandle, OpHandle, c_handle_array, c_str, c_str_array, check_call
 
-__all__ = ["PreparedCall"]
+__all__ = ["PreparedCall", "PreparedPushPull"]
 
 
 class PreparedCall:
@@ -101,5 +101,61 @@ class PreparedCall:
                 self._keys,
                 self._values,
                 ctypes.byref(self._out_stypes),
+            )
+        )
+
+
+class PreparedPushPull:
+    """``kvstore.pushpull(key, values, out=outs, priority=priority)``, its arrays built once.
+
+    The kvstore and arrays must stay the same; the call is the one
+    ``KVStore.pushpull`` makes (``MXKVStorePushPull``, or ``MXKVStorePushPullEx``
+    for string keys).
+
+    Parameters
+    ----------
+    kvstore : mx.kv.KVStore
+    key : int or str
+    values, outs : sequence of NDArray
+        One per device, as ``pushpull`` takes them.
+    priority : int, default 0
+    """
+
+    def __init__(
+        self,
+        kvstore: mx.kv.KVStore,
+        key: Any,
+        values: Sequence[mx.nd.NDArray],
+        outs: Sequence[mx.nd.NDArray],
+        priority: int = 0,
+    ) -> None:
+        self._kvstore = kvstore
+        self._arrays = (list(values), list(outs))
+        if isinstance(key, str):
+            self._function = _LIB.MXKVStorePushPullEx
+            self._value_keys = c_str_array([key] * len(values))
+            self._out_keys = c_str_array([key] * len(outs))
+        else:
+            self._function = _LIB.MXKVStorePushPull
+            self._value_keys = (ctypes.c_int * len(values))(*([int(key)] * len(values)))
+            self._out_keys = (ctypes.c_int * len(outs))(*([int(key)] * len(outs)))
+        self._num_values = ctypes.c_uint(len(values))
+        self._num_outs = ctypes.c_uint(len(outs))
+        self._values = c_handle_array(list(values))
+        self._outs = c_handle_array(list(outs))
+        self._priority = ctypes.c_int(priority)
+
+    def __call__(self) -> None:
+        """Push the values (summed over devices, and workers) and pull the result into outs."""
+        check_call(
+            self._function(
+                self._kvstore.handle,
+                self._num_values,
+                self._value_keys,
+                self._num_outs,
+                self._out_keys,
+                self._values,
+                self._outs,
+                self._priority,
             )
         )

@@ -11,7 +11,6 @@ runs, where its states live, and the function the loop calls every batch.
 
 from __future__ import annotations
 
-import functools
 import warnings
 from typing import (
     TYPE_CHECKING,
@@ -31,6 +30,7 @@ import mxnet as mx
 from .checkpoint.format import ResumeError
 from .distributed.servers import is_asynchronous, is_distributed, set_server_optimizer
 from .fused_updater import create_updater
+from .invoke import PreparedPushPull
 
 if TYPE_CHECKING:  # pragma: no cover
     from .executor_manager import DataParallelExecutorManager
@@ -47,6 +47,7 @@ __all__ = [
     "local_update",
     "local_update_parts",
     "update_params",
+    "prepared_update_on_kvstore",
     "update_params_on_kvstore",
 ]
 
@@ -267,6 +268,31 @@ def update_params_on_kvstore(
             kvstore.pushpull(key, grads, out=params, priority=-index)
 
 
+def prepared_update_on_kvstore(
+    param_arrays: List[List[mx.nd.NDArray]],
+    grad_arrays: List[List[mx.nd.NDArray]],
+    kvstore: mx.kvstore.KVStore,
+    keys: Sequence[Union[int, str]],
+) -> Callable[[], None]:
+    """Return a function doing :func:`update_params_on_kvstore` with these arrays.
+
+    Each parameter's ``pushpull`` is prepared once (:class:`~mxoid.invoke.PreparedPushPull`):
+    the same calls, in the same order and priorities, without rebuilding their
+    arguments every step.
+    """
+    pushpulls = [
+        PreparedPushPull(kvstore, key, grads, params, priority=-index)
+        for index, (key, params, grads) in enumerate(zip(keys, param_arrays, grad_arrays))
+        if grads[0] is not None  # fixed parameters have none
+    ]
+
+    def update() -> None:
+        for pushpull in pushpulls:
+            pushpull()
+
+    return update
+
+
 def local_update(
     param_arrays: List[List[mx.nd.NDArray]],
     grad_arrays: List[List[mx.nd.NDArray]],
@@ -313,11 +339,18 @@ def local_update_parts(
         )
         for k in range(num_devices)
     ]
-    summed = [(keys[i], grad_arrays[i]) for i in trainable] if kvstore is not None else []
+    summed = (
+        [
+            PreparedPushPull(kvstore, keys[i], grad_arrays[i], grad_arrays[i], priority=-index)
+            for index, i in enumerate(trainable)
+        ]
+        if kvstore is not None
+        else []
+    )
 
     def reduce() -> None:
-        for index, (key, grads) in enumerate(summed):
-            kvstore.pushpull(key, grads, out=grads, priority=-index)
+        for pushpull in summed:
+            pushpull()
 
     def apply() -> None:
         for indices, device_grads, weights in per_device:
@@ -539,9 +572,7 @@ def prepare_update(
             kvstore._set_updater(create_updater(optimizer))
     if update_on_kvstore:
         reduce = None
-        apply = functools.partial(
-            update_params_on_kvstore, manager.param_arrays, manager.grad_arrays, kvstore, keys
-        )
+        apply = prepared_update_on_kvstore(manager.param_arrays, manager.grad_arrays, kvstore, keys)
     else:
         reduce, apply = local_update_parts(
             manager.param_arrays, manager.grad_arrays, updater, len(manager.contexts), kvstore, keys

@@ -138,3 +138,13 @@ def test_evaluate_check_same_accuracy_as_module_score(tmp_path):
         if "acc" in row["metrics"]:
             assert row["values"]["mxoid"]["acc"] == row["values"]["module"]["acc"]
             assert 0.0 < row["values"]["mxoid"]["acc"] < 1.0  # the equality is not vacuous
+
+
+def test_sweep_check_mxoid_ends_with_the_hand_loops_parameters(tmp_path):
+    data = _run_check("sweep.py", tmp_path)
+    assert {(r["arrays"], r["contexts"]) for r in data["results"]} == {
+        (10, 1),
+        (50, 1),
+        (10, 2),
+        (50, 2),
+    }
