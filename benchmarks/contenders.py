@@ -173,17 +173,20 @@ def even_slices(batch_size: int, count: int) -> List[slice]:
 
 class EpochClock:
     """Epoch-end timestamps taken after ``mx.nd.waitall()``, so queued work is counted:
-    wall-clock (``stamps``) and CPU time of the whole process, every thread
-    (``cpu_stamps``)."""
+    wall-clock (``stamps``), CPU time of the whole process, every thread
+    (``cpu_stamps``), and CPU time of the Python thread that trains
+    (``thread_stamps``: the host work, the throughput ceiling on an accelerator)."""
 
     def __init__(self) -> None:
         self.stamps: List[float] = []
         self.cpu_stamps: List[float] = []
+        self.thread_stamps: List[float] = []
 
     def tick(self, *_ignored) -> None:
         mx.nd.waitall()
         self.stamps.append(time.perf_counter())
         self.cpu_stamps.append(time.process_time())
+        self.thread_stamps.append(time.thread_time())
 
 
 # ------------------------------------------------------------------ contenders
@@ -578,6 +581,7 @@ def run_worker(spec_path: str) -> None:
     result = {
         "epoch_stamps": clock.stamps,
         "epoch_cpu_stamps": clock.cpu_stamps,
+        "epoch_thread_stamps": clock.thread_stamps,
         "peak_rss_kib": peak_kib,
         "rss_before_training_kib": rss_before,
         "finite": finite,

@@ -495,6 +495,15 @@ def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
                     )
                     * 1e6
                     / -(-group[0].samples // batch),
+                    "host_us_per_batch": float(
+                        np.median(
+                            np.concatenate(
+                                [np.diff(j.result["epoch_thread_stamps"])[1:] for j in group]
+                            )
+                        )
+                    )
+                    * 1e6
+                    / -(-group[0].samples // batch),
                     "warmup_seconds": [float(np.diff(j.result["epoch_stamps"])[0]) for j in group],
                     "ratio_to_hand": median / medians["hand"] if "hand" in medians else None,
                     "ratio_to_module_fit": (
@@ -613,6 +622,24 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
                     "met": row["ratio_to_hand"] >= 0.95,
                 }
             )
+    for contender, cell, limit in (
+        ("mxoid_everyday", ("mlp", 32, 1), 1.10),
+        ("mxoid_everyday", ("mlp", 32, 2), 1.10),
+        ("mxoid_bare", ("mlp", 32, 1), 1.05),
+        ("mxoid_bare", ("mlp", 32, 2), 1.05),
+    ):
+        row, hand = index.get((contender,) + cell), index.get(("hand",) + cell)
+        if row is not None and hand is not None and hand["host_us_per_batch"] > 0:
+            value = row["host_us_per_batch"] / hand["host_us_per_batch"]
+            found.append(
+                {
+                    "target": f"{LABELS[contender]}, {describe_cell(cell)}: Python thread's "
+                    f"host time per batch <= {limit:.2f}x hand's",
+                    "measured": value,
+                    "limit": limit,
+                    "met": value <= limit,
+                }
+            )
     for (contender, *cell), row in sorted(index.items()):
         module = index.get(("module_fit_acc",) + tuple(cell))
         if contender.startswith("mxoid") and module is not None:
@@ -645,7 +672,8 @@ def format_table(rows: List[dict], mode: str) -> str:
     lines = []
     header = (
         f"{'contender':<27}{'samples/s':>10}{'min-max':>17}{'x hand':>8}{'x Module':>9}"
-        f"{'us/batch':>10}{'CPU us/b':>9}{'peak MiB':>9}{'+MiB':>6}{'params':>8}{'load':>6}"
+        f"{'us/batch':>10}{'CPU us/b':>9}{'host us/b':>10}{'peak MiB':>9}{'+MiB':>6}"
+        f"{'params':>8}{'load':>6}"
     )
     cell = None
     for row in rows:
@@ -687,6 +715,7 @@ def format_table(rows: List[dict], mode: str) -> str:
             f"{number(row['ratio_to_hand'], '.2f'):>8}"
             f"{number(row['ratio_to_module_fit'], '.2f'):>9}"
             f"{number(row['overhead_us_per_batch'], '+.0f'):>10}{row['cpu_us_per_batch']:>9.0f}"
+            f"{number(row.get('host_us_per_batch'), '.0f'):>10}"
             f"{row['peak_rss_mib']:>9.0f}"
             f"{row['peak_over_start_mib']:>6.0f}{params:>8}{load:>6}"
         )
@@ -731,8 +760,8 @@ def format_markdown(report: dict) -> str:
         f"{' with uncommitted changes' if machine['mxoid_uncommitted_changes'] else ''}.",
         "",
         "| cell | contender | samples/s | min-max | x hand | x Module | us/batch | CPU us/b "
-        "| peak MiB | +MiB | params | load |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+        "| host us/b | peak MiB | +MiB | params | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for row in report["results"]:
         cell = describe_cell((row["model"], row["batch_size"], row["contexts"]))
@@ -757,6 +786,7 @@ def format_markdown(report: dict) -> str:
             f"| {number(row['ratio_to_hand'], '.2f')} "
             f"| {number(row['ratio_to_module_fit'], '.2f')} "
             f"| {number(row['overhead_us_per_batch'], '+.0f')} | {row['cpu_us_per_batch']:,.0f} "
+            f"| {number(row.get('host_us_per_batch'), ',.0f')} "
             f"| {row['peak_rss_mib']:.0f} | {row['peak_over_start_mib']:.0f} | {params} "
             f"| {number(row['other_load_cores'], '.2f')} |"
         )
