@@ -72,12 +72,14 @@ class FusedUpdater(mx.optimizer.Updater):
         super().__init__(optimizer)
         self._plans: Dict[Any, Optional[_Plan]] = {}
         self._kernel = fused_kernel(optimizer)
+        self._function = getattr(mx.nd, self._kernel) if self._kernel else None
 
     def set_states(self, states: bytes) -> None:
         """Load the states as the stock updater does; forget the plans made with the old ones."""
         super().set_states(states)
         self._plans.clear()
         self._kernel = fused_kernel(self.optimizer)
+        self._function = getattr(mx.nd, self._kernel) if self._kernel else None
 
     def __call__(self, index: Union[int, str, list], grad: Any, weight: Any) -> None:
         """Update ``weight`` with ``grad`` (or lists of them, pair by pair).
@@ -114,8 +116,7 @@ class FusedUpdater(mx.optimizer.Updater):
         if weight.handle.value == plan.weight and grad.handle.value == plan.grad:
             plan.call(lr=lr, wd=wd)
         else:  # other arrays than those prepared (a kvstore passes new handles each time)
-            kernel = getattr(mx.nd, self._kernel)
-            kernel(weight, grad, *plan.states, out=weight, lr=lr, wd=wd, **plan.constants)
+            self._function(weight, grad, *plan.states, out=weight, lr=lr, wd=wd, **plan.constants)
 
     def _plan(self, index: Any, grad: mx.nd.NDArray, weight: mx.nd.NDArray) -> Optional[_Plan]:
         if weight.stype != "default" or grad.stype != "default":
