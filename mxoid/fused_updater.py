@@ -19,6 +19,15 @@ optimizer                          kernel                 against the stock path
 ``Adam``                           ``adam_update``        bit-identical
 =================================  =====================  =======================
 
+A kvstore that updates (``update_on_kvstore``: the ``'local'`` and ``'device'``
+kvstores on several devices) calls its updater with new array handles at every
+step, pointing to the same storage (its summed gradient and its copy of the
+weight). An updater made for a kvstore (``kvstore_buffers=True``) keeps the
+first call's arrays; a later call whose arrays have the same data pointers
+reuses the call prepared on them, and one whose do not calls the ``mx.nd``
+kernel on the arrays given (as every updater does for handles it was not
+prepared with).
+
 Everything else takes the stock path: other optimizers, ``multi_precision``,
 sparse arrays. Update counts are kept as the optimizer keeps them (so Adam's
 bias correction, learning-rate schedulers and ``num_update`` are MXNet's), the
@@ -29,10 +38,12 @@ do: checkpoints load in ``Module``.
 
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import Any, Dict, Optional, Union
 
 import mxnet as mx
+from mxnet.base import _LIB, check_call
 
 from .invoke import PreparedCall
 
@@ -66,10 +77,17 @@ class FusedUpdater(mx.optimizer.Updater):
     Parameters
     ----------
     optimizer : mx.optimizer.Optimizer
+    kvstore_buffers : bool, default False
+        Whether a kvstore calls it (``kvstore._set_updater``) with its own
+        buffers, whose storage does not change between steps of a key: new
+        handles to the arrays of the first call then reuse its prepared call.
+        Only for kvstores: a caller passing another view of the same data (a
+        slice at the same address) would get the whole array updated.
     """
 
-    def __init__(self, optimizer: mx.optimizer.Optimizer) -> None:
+    def __init__(self, optimizer: mx.optimizer.Optimizer, kvstore_buffers: bool = False) -> None:
         super().__init__(optimizer)
+        self.kvstore_buffers = kvstore_buffers
         self._plans: Dict[Any, Optional[_Plan]] = {}
         self._kernel = fused_kernel(optimizer)
         self._function = getattr(mx.nd, self._kernel) if self._kernel else None
@@ -113,9 +131,11 @@ class FusedUpdater(mx.optimizer.Updater):
             t = optimizer._index_update_count[plan.key]
             lr *= math.sqrt(1.0 - optimizer.beta2**t) / (1.0 - optimizer.beta1**t)
         wd = optimizer.wd * plan.wd_mult
-        if weight.handle.value == plan.weight and grad.handle.value == plan.grad:
+        if (weight.handle.value == plan.weight and grad.handle.value == plan.grad) or (
+            self.kvstore_buffers and plan.same_storage(weight, grad)
+        ):
             plan.call(lr=lr, wd=wd)
-        else:  # other arrays than those prepared (a kvstore passes new handles each time)
+        else:  # other arrays than those prepared
             self._function(weight, grad, *plan.states, out=weight, lr=lr, wd=wd, **plan.constants)
 
     def _plan(self, index: Any, grad: mx.nd.NDArray, weight: mx.nd.NDArray) -> Optional[_Plan]:
@@ -159,6 +179,8 @@ class FusedUpdater(mx.optimizer.Updater):
             plan.states = [] if kernel == "sgd_update" else [plan.state]
         plan.constants = constants
         plan.weight, plan.grad = weight.handle.value, grad.handle.value
+        if self.kvstore_buffers:
+            plan.pointers = (data_pointer(weight, plan.scratch), data_pointer(grad, plan.scratch))
         return PreparedCall(kernel, [weight, grad, *plan.states], [weight], **constants)
 
 
@@ -176,6 +198,8 @@ class _Plan:
         "constants",
         "weight",
         "grad",
+        "pointers",
+        "scratch",
     )
 
     def __init__(self, key: Any, state: Any, lr_mult: float, wd_mult: float, adam: bool) -> None:
@@ -185,15 +209,40 @@ class _Plan:
         self.states: list = []  # the kernel's state arrays, after the weight and gradient
         self.constants: Dict[str, Any] = {}  # its settings but the rate and weight decay
         self.weight = self.grad = 0  # the handles the call was prepared with
+        self.pointers = (None, None)  # and their data pointers
+        self.scratch = ctypes.c_void_p()
+
+    def same_storage(self, weight: mx.nd.NDArray, grad: mx.nd.NDArray) -> bool:
+        """Whether these arrays (other handles) point to the data the call was prepared on.
+
+        The prepared arrays are kept alive by the call, so their storage cannot
+        be freed and given to other arrays: the same pointers are the same
+        arrays (as a kvstore passes them: new handles to its own buffers).
+        """
+        pointers = self.pointers
+        return (
+            pointers[0] is not None
+            and data_pointer(weight, self.scratch) == pointers[0]
+            and data_pointer(grad, self.scratch) == pointers[1]
+        )
+
+
+def data_pointer(array: mx.nd.NDArray, scratch: ctypes.c_void_p) -> Optional[int]:
+    """Return the address of ``array``'s data (without waiting for the engine), or None."""
+    check_call(_LIB.MXNDArrayGetData(array.handle, ctypes.byref(scratch)))
+    return scratch.value
 
 
 FusedSGDUpdater = FusedUpdater
 """The former name of :class:`FusedUpdater` (it fused momentum SGD only)."""
 
 
-def create_updater(optimizer: mx.optimizer.Optimizer) -> mx.optimizer.Updater:
+def create_updater(
+    optimizer: mx.optimizer.Optimizer, kvstore_buffers: bool = False
+) -> mx.optimizer.Updater:
     """Return the updater mxoid uses: :class:`FusedUpdater`.
 
-    It falls back to MXNet's own path for the optimizers it has no kernel for.
+    It falls back to MXNet's own path for the optimizers it has no kernel for;
+    ``kvstore_buffers``: it is the updater of a kvstore (see :class:`FusedUpdater`).
     """
-    return FusedUpdater(optimizer)
+    return FusedUpdater(optimizer, kvstore_buffers=kvstore_buffers)

@@ -569,7 +569,7 @@ def prepare_update(
             )
         elif update_on_kvstore:
             # What kvstore.set_optimizer does on one machine, with the faster updater.
-            kvstore._set_updater(create_updater(optimizer))
+            kvstore._set_updater(create_updater(optimizer, kvstore_buffers=True))
     if update_on_kvstore:
         reduce = None
         apply = prepared_update_on_kvstore(manager.param_arrays, manager.grad_arrays, kvstore, keys)

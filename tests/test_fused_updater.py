@@ -212,3 +212,64 @@ def test_states_round_trip_like_the_stock_updater():
     restored.set_states(saved)
     for key in fused.states:
         np.testing.assert_array_equal(restored.states[key].asnumpy(), fused.states[key].asnumpy())
+
+
+def kvstore_training(updater, steps=5):
+    """Train NAMES on a 'local' kvstore over two devices; return both devices' weights."""
+    contexts = [mx.cpu(0), mx.cpu(1)]
+    rng = np.random.RandomState(0)
+    kvstore = mx.kv.create("local")
+    weights, grads = [], []
+    for key, shape in enumerate(SHAPES):
+        start = rng.uniform(-1, 1, shape)
+        weights.append([mx.nd.array(start, ctx=c) for c in contexts])
+        grads.append([mx.nd.zeros(shape, ctx=c) for c in contexts])
+        kvstore.init(key, weights[key][0])
+    kvstore._set_updater(updater)
+    for _ in range(steps):
+        for key, shape in enumerate(SHAPES):
+            for grad in grads[key]:  # the same arrays every step, as an executor's
+                grad[:] = rng.uniform(-1, 1, shape)
+            kvstore.pushpull(key, grads[key], out=weights[key])
+    return [[w.asnumpy() for w in pair] for pair in weights]
+
+
+class CountingKernel:
+    """The mx.nd kernel, counting its calls (those that did not take a prepared call)."""
+
+    def __init__(self, function):
+        self.function, self.calls = function, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.function(*args, **kwargs)
+
+
+@pytest.mark.parametrize("build", [make_optimizer, adam, nag])
+def test_on_a_kvstore_the_prepared_calls_serve_its_new_handles(build):
+    """A kvstore passes new handles to its own buffers each step: the prepared call runs."""
+    stock = kvstore_training(mx.optimizer.get_updater(build()))  # as kvstore.set_optimizer
+    for kvstore_buffers, expected_kernel_calls in ((True, 0), (False, 4 * len(SHAPES))):
+        updater = FusedUpdater(build(), kvstore_buffers=kvstore_buffers)
+        updater._function = counting = CountingKernel(updater._function)
+        fused = kvstore_training(updater)
+        assert counting.calls == expected_kernel_calls
+        assert updater.optimizer.num_update == 5
+        for stock_pair, fused_pair in zip(stock, fused):
+            for a, b in zip(stock_pair, fused_pair):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_a_kvstore_updater_given_other_arrays_updates_those():
+    """New storage for a key (not the kvstore's buffers): the mx.nd kernel on the arrays given."""
+    fused = FusedUpdater(make_optimizer(), kvstore_buffers=True)
+    fused._function = counting = CountingKernel(fused._function)
+    stock = mx.optimizer.get_updater(make_optimizer())
+    rng = np.random.RandomState(3)
+    for _ in range(3):
+        start, grad = rng.uniform(-1, 1, SHAPES[0]), rng.uniform(-1, 1, SHAPES[0])
+        ours, theirs = mx.nd.array(start), mx.nd.array(start)  # new arrays every step
+        fused(0, mx.nd.array(grad), ours)
+        stock(0, mx.nd.array(grad), theirs)
+        np.testing.assert_array_equal(ours.asnumpy(), theirs.asnumpy())
+    assert counting.calls == 2  # the first step prepared on its arrays; then other storage
