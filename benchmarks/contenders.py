@@ -8,10 +8,11 @@ the same synthetic data and the same initial parameters as every other
 contender, trains a warm-up epoch and the timed epochs, and writes the epoch
 times, its peak memory and its final parameters next to the spec.
 
-Every contender runs the same optimizer math: SGD with momentum, weight decay
-on ``*_weight`` parameters only (MXNet's default for symbols), gradients
-summed over the batch and rescaled by ``1 / batch_size``. On two contexts the
-batch is split in two halves and the gradients of both halves are summed.
+Every contender of a cell runs the same optimizer math: the cell's optimizer
+(:data:`OPTIMIZERS`: SGD with momentum, plain SGD, or Adam), weight decay on
+``*_weight`` parameters only (MXNet's default for symbols), gradients summed
+over the batch and rescaled by ``1 / batch_size``. On two contexts the batch is
+split in two halves and the gradients of both halves are summed.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ __all__ = [
     "CONTENDERS",
     "EQUAL_TO_HAND",
     "OPTIMIZER_PARAMS",
+    "OPTIMIZERS",
     "build_symbol",
     "make_data",
     "initial_params",
@@ -52,6 +54,14 @@ __all__ = [
 ]
 
 OPTIMIZER_PARAMS = {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4}
+# A cell's optimizer: name -> (MXNet optimizer, its parameters, the fused kernel the
+# hand loop calls once per parameter). "momentum" is the default cell.
+OPTIMIZERS = {
+    "momentum": ("sgd", OPTIMIZER_PARAMS, "sgd_mom_update"),
+    "sgd": ("sgd", {"learning_rate": 0.05, "wd": 1e-4}, "sgd_update"),
+    "adam": ("adam", {"learning_rate": 0.001, "wd": 1e-4}, "adam_update"),
+}
+ADAM_BETAS, ADAM_EPSILON = (0.9, 0.999), 1e-8  # MXNet's Adam defaults
 NUM_CLASSES = 10
 DATA_SEED = 0
 PARAM_SEED = 1
@@ -190,18 +200,82 @@ class EpochClock:
 
 
 # ------------------------------------------------------------------ contenders
+def optimizer_of(spec):
+    """The cell's ``(MXNet optimizer name, its parameters)``; momentum SGD by default."""
+    name, params, _ = OPTIMIZERS[spec.get("optimizer", "momentum")]
+    return name, dict(params)
+
+
+def fused_step(optimizer: str, rescale: float):
+    """``(new_state, step)`` for the hand loop: one fused MXNet kernel per parameter.
+
+    ``step(weight, grad, state, wd, t)`` runs the kernel of :data:`OPTIMIZERS` on
+    one parameter, in place, with the learning rate MXNet's optimizer would use
+    at its ``t``-th update of that parameter (Adam's bias correction, computed as
+    ``Adam.update`` computes it); ``new_state(weight)`` makes its state.
+    """
+    _, params, kernel_name = OPTIMIZERS[optimizer]
+    kernel = getattr(mx.nd, kernel_name)
+    lr = params["learning_rate"]
+
+    def zeros(weight):
+        return mx.nd.zeros(weight.shape, ctx=weight.context)
+
+    if optimizer == "momentum":
+        momentum = params["momentum"]
+
+        def step(weight, grad, state, wd, t):
+            kernel(
+                weight,
+                grad,
+                state,
+                out=weight,
+                lr=lr,
+                momentum=momentum,
+                wd=wd,
+                rescale_grad=rescale,
+            )
+
+        return zeros, step
+    if optimizer == "sgd":
+
+        def step(weight, grad, state, wd, t):
+            kernel(weight, grad, out=weight, lr=lr, wd=wd, rescale_grad=rescale)
+
+        return (lambda weight: None), step
+    beta1, beta2 = ADAM_BETAS
+
+    def step(weight, grad, state, wd, t):
+        kernel(
+            weight,
+            grad,
+            state[0],
+            state[1],
+            out=weight,
+            lr=lr * (math.sqrt(1.0 - beta2**t) / (1.0 - beta1**t)),
+            wd=wd,
+            beta1=beta1,
+            beta2=beta2,
+            epsilon=ADAM_EPSILON,
+            rescale_grad=rescale,
+        )
+
+    return (lambda weight: (zeros(weight), zeros(weight))), step
+
+
 def hand_loop(spec, train_iter, init, clock, stock_updater: bool = False):
     """The floor: ``simple_bind`` executors and a fused update per parameter.
 
     One executor per context, each bound on its slice of the batch.
 
-    On one context the update is one ``mx.nd.sgd_mom_update`` per parameter,
-    momentum kept by hand. On two, the gradients are summed through a
-    ``'local'`` kvstore that also runs the update, once, on the summed
-    gradient, with an updater that calls ``sgd_mom_update`` (set with
-    ``kvstore._set_updater``, as MXNet's kvstore tutorial does); one
-    ``pushpull`` per parameter pushes both gradients and pulls the new weights
-    into both executors.
+    On one context the update is one call of the cell's fused kernel
+    (``mx.nd.sgd_mom_update``, ``sgd_update`` or ``adam_update``, see
+    :func:`fused_step`) per parameter, states kept by hand. On two, the
+    gradients are summed through a ``'local'`` kvstore that also runs the
+    update, once, on the summed gradient, with an updater that calls the same
+    kernel (set with ``kvstore._set_updater``, as MXNet's kvstore tutorial
+    does); one ``pushpull`` per parameter pushes both gradients and pulls the
+    new weights into both executors.
 
     With ``stock_updater``, MXNet's stock updater runs the same math instead:
     ``mx.optimizer.get_updater`` called with the lists of parameters on one
@@ -228,57 +302,43 @@ def hand_loop(spec, train_iter, init, clock, stock_updater: bool = False):
     grads = [[e.grad_dict[n] for n in names] for e in executors]
     data_targets = [e.arg_dict["data"] for e in executors]
     label_targets = [e.arg_dict["softmax_label"] for e in executors]
-    params = OPTIMIZER_PARAMS
+    optimizer_name, params = optimizer_of(spec)
     rescale = 1.0 / batch_size
-    lr, momentum = params["learning_rate"], params["momentum"]
     wds = [params["wd"] if n.endswith("_weight") else 0.0 for n in names]
-    sgd_mom_update = mx.nd.sgd_mom_update
+    new_state, step = fused_step(spec.get("optimizer", "momentum"), rescale)
+
+    def stock_optimizer():
+        return mx.optimizer.create(
+            optimizer_name,
+            sym=symbol,
+            param_idx2name=dict(enumerate(names)),
+            rescale_grad=rescale,
+            **params,
+        )
+
     kvstore = None
+    t = 0  # updates so far (every parameter is updated at every step)
     if len(ctxs) == 1:
         if stock_updater:
-            optimizer = mx.optimizer.create(
-                "sgd",
-                sym=symbol,
-                param_idx2name=dict(enumerate(names)),
-                rescale_grad=rescale,
-                **params,
-            )
-            updater = mx.optimizer.get_updater(optimizer)
+            updater = mx.optimizer.get_updater(stock_optimizer())
             indices = list(range(len(names)))
             device_weights, device_grads = weights[0], grads[0]
         else:
-            moms = [mx.nd.zeros(w.shape, ctx=w.context) for w in weights[0]]
-            steps = list(zip(weights[0], grads[0], moms, wds))
+            steps = [(w, g, new_state(w), wd) for w, g, wd in zip(weights[0], grads[0], wds)]
     else:
         kvstore = mx.kv.create("local")
         for i in range(len(names)):
             kvstore.init(i, weights[0][i])
         if stock_updater:
-            kvstore.set_optimizer(
-                mx.optimizer.create(
-                    "sgd",
-                    sym=symbol,
-                    param_idx2name=dict(enumerate(names)),
-                    rescale_grad=rescale,
-                    **params,
-                )
-            )
+            kvstore.set_optimizer(stock_optimizer())
         else:
-            moms = {}
+            states, counts = {}, {}
 
             def kvstore_updater(key, grad, weight):
-                if key not in moms:
-                    moms[key] = mx.nd.zeros(weight.shape, ctx=weight.context)
-                sgd_mom_update(
-                    weight,
-                    grad,
-                    moms[key],
-                    out=weight,
-                    lr=lr,
-                    momentum=momentum,
-                    wd=wds[key],
-                    rescale_grad=rescale,
-                )
+                if key not in states:
+                    states[key], counts[key] = new_state(weight), 0
+                counts[key] += 1
+                step(weight, grad, states[key], wds[key], counts[key])
 
             kvstore._set_updater(kvstore_updater)
         pushpulls = [
@@ -305,17 +365,9 @@ def hand_loop(spec, train_iter, init, clock, stock_updater: bool = False):
             elif stock_updater:
                 updater(indices, device_grads, device_weights)
             else:
-                for weight, grad, mom, wd in steps:
-                    sgd_mom_update(
-                        weight,
-                        grad,
-                        mom,
-                        out=weight,
-                        lr=lr,
-                        momentum=momentum,
-                        wd=wd,
-                        rescale_grad=rescale,
-                    )
+                t += 1
+                for weight, grad, state, wd in steps:
+                    step(weight, grad, state, wd, t)
         clock.tick()
     return {n: w.asnumpy() for n, w in zip(names, weights[0])}
 
@@ -329,11 +381,12 @@ def module_fit(spec, train_iter, init, clock, metric):
     module = mx.mod.Module(
         build_symbol(spec["model"]), context=contexts(spec["contexts"]), logger=_quiet_logger()
     )
+    optimizer, params = optimizer_of(spec)
     module.fit(
         train_iter,
         num_epoch=spec["epochs"],
-        optimizer="sgd",
-        optimizer_params=dict(OPTIMIZER_PARAMS),
+        optimizer=optimizer,
+        optimizer_params=params,
         arg_params={k: mx.nd.array(v) for k, v in init.items()},
         kvstore="local",
         eval_metric=metric,
@@ -354,16 +407,17 @@ def feedforward_fit(spec, train_iter, init, clock):
     """The legacy ``mx.model.FeedForward.fit``, accuracy metric (its default)."""
     import warnings
 
+    optimizer, params = optimizer_of(spec)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         model = mx.model.FeedForward(
             build_symbol(spec["model"]),
             ctx=contexts(spec["contexts"]),
             num_epoch=spec["epochs"],
-            optimizer="sgd",
+            optimizer=optimizer,
             arg_params={k: mx.nd.array(v) for k, v in init.items()},
             aux_params={},
-            **OPTIMIZER_PARAMS,
+            **params,
         )
         model.fit(
             train_iter,
@@ -395,7 +449,7 @@ def gluon_trainer(spec, train_iter, init, clock):
     net.hybridize(static_alloc=True, static_shape=True)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
     loss_fn.hybridize(static_alloc=True, static_shape=True)
-    trainer = gluon.Trainer(params, "sgd", dict(OPTIMIZER_PARAMS))
+    trainer = gluon.Trainer(params, *optimizer_of(spec))
     metric = mx.metric.Accuracy()
     batch_size = spec["batch_size"]
     split_and_load = gluon.utils.split_and_load
@@ -431,12 +485,13 @@ def _clock_extension(clock):
 def mxoid_loop(spec, train_iter, init, clock, extensions=()):
     from mxoid import FinishAfter, MainLoop
 
+    optimizer, params = optimizer_of(spec)
     loop = MainLoop(
         build_symbol(spec["model"]),
         train_iter,
         contexts=contexts(spec["contexts"]),
-        optimizer="sgd",
-        optimizer_params=dict(OPTIMIZER_PARAMS),
+        optimizer=optimizer,
+        optimizer_params=params,
         arg_params={k: mx.nd.array(v) for k, v in init.items()},
         kvstore="local",
         extensions=[
@@ -521,8 +576,8 @@ def mxoid_everyday(spec, train_iter, init, clock):
 CONTENDERS = {
     "hand": (
         hand_loop,
-        "hand-written simple_bind loop, sgd_mom_update per parameter (on the "
-        "kvstore with two contexts)",
+        "hand-written simple_bind loop, the cell's fused kernel per parameter "
+        "(on the kvstore with two contexts)",
     ),
     "hand_stock_updater": (hand_stock_updater, "hand-written loop, MXNet's stock updater"),
     "module_fit_acc": (module_fit_accuracy, "Module.fit, accuracy metric"),

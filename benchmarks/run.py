@@ -70,9 +70,19 @@ LABELS = {
     "mxoid_bare": "mxoid bare",
     "mxoid_everyday": "mxoid everyday extensions",
 }
+# A cell: (model, batch size, contexts, optimizer); the optimizers are
+# contenders.OPTIMIZERS' names ("momentum": SGD with momentum, "sgd": plain SGD,
+# "adam"), each contender of a cell training with the cell's optimizer.
+OPTIMIZER_LABELS = {"momentum": "", "sgd": ", SGD", "adam": ", Adam"}
+DEFAULT_OPTIMIZER = "momentum"
 ALL_CELLS = tuple(
-    (model, batch, contexts)
+    (model, batch, contexts, DEFAULT_OPTIMIZER)
     for model in ("mlp", "lenet")
+    for batch in (32, 128)
+    for contexts in (1, 2)
+) + tuple(
+    ("mlp", batch, contexts, optimizer)
+    for optimizer in ("sgd", "adam")
     for batch in (32, 128)
     for contexts in (1, 2)
 )
@@ -86,7 +96,12 @@ MODES = {
         "micro": [],
     },
     "quick": {
-        "cells": (("mlp", 32, 1), ("mlp", 32, 2), ("lenet", 128, 2)),
+        "cells": (
+            ("mlp", 32, 1, "momentum"),
+            ("mlp", 32, 2, "momentum"),
+            ("lenet", 128, 2, "momentum"),
+            ("mlp", 32, 1, "adam"),
+        ),
         "samples": {"mlp": 4096, "lenet": 512},
         "timed_epochs": 3,
         "contenders": tuple(c for c in ALL_CONTENDERS if c != "hand_stock_updater"),
@@ -94,7 +109,12 @@ MODES = {
         "micro": ["--quick"],
     },
     "check": {
-        "cells": (("mlp", 32, 1), ("mlp", 32, 2)),
+        "cells": (
+            ("mlp", 32, 1, "momentum"),
+            ("mlp", 32, 2, "momentum"),
+            ("mlp", 32, 1, "sgd"),
+            ("mlp", 32, 2, "adam"),
+        ),
         "samples": {"mlp": 256, "lenet": 256},
         "timed_epochs": 2,
         "contenders": ALL_CONTENDERS,
@@ -113,7 +133,7 @@ WORKER_ENV = {
     "PYTHONHASHSEED": "0",
 }
 RTOL, ATOL = 1e-5, 1e-6
-TARGETS_TEXT = "targets (ratios to the hand loop in the same run, medians)"
+TARGETS_TEXT = "ratios to the hand loop, Module.fit or Gluon in the same run, medians"
 
 
 # ------------------------------------------------------------------ machine
@@ -265,10 +285,14 @@ class Job:
         epochs: int,
         root: str,
         repeat: int,
+        optimizer: str = DEFAULT_OPTIMIZER,
     ) -> None:
         self.contender, self.model, self.batch, self.contexts = contender, model, batch, contexts
         self.samples, self.epochs, self.repeat = samples, epochs, repeat
-        self.root = os.path.join(root, f"{model}-{batch}-{contexts}-{contender}-{repeat}")
+        self.optimizer = optimizer
+        self.root = os.path.join(
+            root, f"{model}-{batch}-{contexts}-{optimizer}-{contender}-{repeat}"
+        )
         self.attempts: List[dict] = []  # finished attempts: folder, result, load, error, wall
         self.workdir = ""
         self.process = None
@@ -282,7 +306,7 @@ class Job:
 
     @property
     def cell(self):
-        return (self.model, self.batch, self.contexts)
+        return (self.model, self.batch, self.contexts, self.optimizer)
 
     def start(self, launcher: Launcher) -> None:
         self.workdir = os.path.join(self.root, f"attempt{len(self.attempts)}")
@@ -295,6 +319,7 @@ class Job:
                     "model": self.model,
                     "batch_size": self.batch,
                     "contexts": self.contexts,
+                    "optimizer": self.optimizer,
                     "samples": self.samples,
                     "epochs": self.epochs,
                     "workdir": self.workdir,
@@ -413,8 +438,19 @@ def _progress_summary(attempt: dict, samples: int) -> str:
 
 # ------------------------------------------------------------------ analysis
 def describe_cell(cell) -> str:
-    model, batch, contexts = cell
-    return f"{'MLP' if model == 'mlp' else 'LeNet'} b{batch} {contexts} ctx"
+    model, batch, contexts, *optimizer = cell
+    optimizer = OPTIMIZER_LABELS[optimizer[0] if optimizer else DEFAULT_OPTIMIZER]
+    return f"{'MLP' if model == 'mlp' else 'LeNet'} b{batch} {contexts} ctx{optimizer}"
+
+
+def cell_of(row: dict) -> tuple:
+    """The cell of a result row (rows of results files from before the optimizer: momentum)."""
+    return (
+        row["model"],
+        row["batch_size"],
+        row["contexts"],
+        row.get("optimizer", DEFAULT_OPTIMIZER),
+    )
 
 
 def epoch_stats(job: Job) -> Dict[str, float]:
@@ -458,13 +494,14 @@ def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
             group = by_contender.get(name)
             if not group:
                 continue
-            model, batch, contexts = cell
+            model, batch, contexts, optimizer = cell
             row = {
                 "contender": name,
                 "label": LABELS[name],
                 "model": model,
                 "batch_size": batch,
                 "contexts": contexts,
+                "optimizer": optimizer,
                 "samples_per_epoch": group[0].samples,
                 "batches_per_epoch": -(-group[0].samples // batch),
                 "timed_epochs": group[0].epochs - 1,
@@ -556,10 +593,7 @@ def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
 def correctness(rows: List[dict]) -> dict:
     failures = []
     for row in rows:
-        where = (
-            f"{row['contender']} in "
-            f"{describe_cell((row['model'], row['batch_size'], row['contexts']))}"
-        )
+        where = f"{row['contender']} in {describe_cell(cell_of(row))}"
         if row["errors"]:
             failures.append(f"{where}: {row['errors'][0].splitlines()[0]}")
         elif not row["finite"]:
@@ -582,76 +616,70 @@ def correctness(rows: List[dict]) -> dict:
 
 
 def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
-    """The speed and memory targets, for the cells this run has."""
-    index = {
-        (r["contender"], r["model"], r["batch_size"], r["contexts"]): r
-        for r in rows
-        if "samples_per_second" in r
-    }
+    """The speed and memory targets, for the cells this run has.
+
+    Issue 13's: on the MLP (batch 32 and 128, one and two contexts, every
+    optimizer) mxoid with the everyday extensions at least 0.95 of the hand loop
+    and bare at least 0.98; the Python thread's host time per batch on MLP b32 at
+    most 1.1x the hand loop's (everyday) and 1.05x (bare); mxoid at least 1.5x
+    ``Module.fit`` with accuracy on MLP b32, and ahead of the Gluon loop in every
+    cell. Older ones kept: bare at least 0.95 and everyday 0.98 on LeNet b128
+    two contexts (compute-bound), bare at least 0.95 on LeNet; peak memory at
+    most Module.fit's + 10%; hook dispatch at most 2 us per extension.
+    """
+    index = {(r["contender"],) + cell_of(r): r for r in rows if "samples_per_second" in r}
     found = []
 
-    def ratio(contender, cell):
-        row = index.get((contender,) + cell)
-        return None if row is None else row["ratio_to_hand"]
+    def add(target: str, measured: float, limit: float, unit: str, at_most: bool = False):
+        met = measured <= limit if at_most else measured >= limit
+        found.append(
+            {"target": target, "measured": measured, "limit": limit, "met": met, "unit": unit}
+        )
 
-    for contender, cell, target in (
-        ("mxoid_everyday", ("mlp", 32, 1), 0.90),
-        ("mxoid_everyday", ("mlp", 32, 2), 0.90),
-        ("mxoid_everyday", ("lenet", 128, 2), 0.98),
-        ("mxoid_bare", ("lenet", 128, 2), 0.98),
-    ):
-        value = ratio(contender, cell)
-        if value is not None:
-            found.append(
-                {
-                    "target": (
-                        f"{LABELS[contender]}, {describe_cell(cell)}: >= {target:.0%} of hand"
-                    ),
-                    "measured": value,
-                    "limit": target,
-                    "met": value >= target,
-                }
-            )
+    mxoid = ("mxoid_bare", "mxoid_everyday")
     for (contender, *cell), row in sorted(index.items()):
-        if contender == "mxoid_bare":
-            found.append(
-                {
-                    "target": f"mxoid bare, {describe_cell(tuple(cell))}: >= 95% of hand",
-                    "measured": row["ratio_to_hand"],
-                    "limit": 0.95,
-                    "met": row["ratio_to_hand"] >= 0.95,
-                }
+        cell = tuple(cell)
+        model, batch = cell[0], cell[1]
+        where = f"{LABELS.get(contender, contender)}, {describe_cell(cell)}"
+        if contender in mxoid and row["ratio_to_hand"] is not None:
+            if model == "mlp":
+                limit = 0.98 if contender == "mxoid_bare" else 0.95
+            elif cell == ("lenet", 128, 2, DEFAULT_OPTIMIZER):
+                limit = 0.98
+            else:
+                limit = 0.95 if contender == "mxoid_bare" else None
+            if limit is not None:
+                add(f"{where}: >= {limit:.0%} of hand", row["ratio_to_hand"], limit, "%")
+        hand = index.get(("hand",) + cell)
+        if contender in mxoid and model == "mlp" and batch == 32 and hand is not None:
+            limit = 1.05 if contender == "mxoid_bare" else 1.10
+            if hand["host_us_per_batch"] > 0:
+                add(
+                    f"{where}: Python thread's host time per batch <= {limit:.2f}x hand's",
+                    row["host_us_per_batch"] / hand["host_us_per_batch"],
+                    limit,
+                    "x",
+                    at_most=True,
+                )
+            if row["ratio_to_module_fit"] is not None:
+                add(f"{where}: >= 1.5x Module.fit, accuracy", row["ratio_to_module_fit"], 1.5, "x")
+        gluon = index.get(("gluon",) + cell)
+        if contender in mxoid and gluon is not None:
+            add(
+                f"{where}: ahead of the Gluon loop (x Gluon >= 1.00x)",
+                row["samples_per_second"]["median"] / gluon["samples_per_second"]["median"],
+                1.0,
+                "x",
             )
-    for contender, cell, limit in (
-        ("mxoid_everyday", ("mlp", 32, 1), 1.10),
-        ("mxoid_everyday", ("mlp", 32, 2), 1.10),
-        ("mxoid_bare", ("mlp", 32, 1), 1.05),
-        ("mxoid_bare", ("mlp", 32, 2), 1.05),
-    ):
-        row, hand = index.get((contender,) + cell), index.get(("hand",) + cell)
-        if row is not None and hand is not None and hand["host_us_per_batch"] > 0:
-            value = row["host_us_per_batch"] / hand["host_us_per_batch"]
-            found.append(
-                {
-                    "target": f"{LABELS[contender]}, {describe_cell(cell)}: Python thread's "
-                    f"host time per batch <= {limit:.2f}x hand's",
-                    "measured": value,
-                    "limit": limit,
-                    "met": value <= limit,
-                }
-            )
-    for (contender, *cell), row in sorted(index.items()):
-        module = index.get(("module_fit_acc",) + tuple(cell))
-        if contender.startswith("mxoid") and module is not None:
+        module = index.get(("module_fit_acc",) + cell)
+        if contender in mxoid and module is not None:
             limit = module["peak_rss_mib"] * 1.10
-            found.append(
-                {
-                    "target": f"{LABELS[contender]}, {describe_cell(tuple(cell))}: peak memory "
-                    f"<= Module.fit's + 10% ({limit:.0f} MiB)",
-                    "measured": row["peak_rss_mib"],
-                    "limit": limit,
-                    "met": row["peak_rss_mib"] <= limit,
-                }
+            add(
+                f"{where}: peak memory <= Module.fit's + 10% ({limit:.0f} MiB)",
+                row["peak_rss_mib"],
+                limit,
+                "MiB",
+                at_most=True,
             )
     if micro and "dispatch" in micro:
         for entry in micro["dispatch"]:
@@ -662,6 +690,7 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
                     "measured": entry["us_per_extension"],
                     "limit": 2.0,
                     "met": entry["us_per_extension"] <= 2.0,
+                    "unit": "us",
                 }
             )
     return found
@@ -677,7 +706,7 @@ def format_table(rows: List[dict], mode: str) -> str:
     )
     cell = None
     for row in rows:
-        this = (row["model"], row["batch_size"], row["contexts"])
+        this = cell_of(row)
         if this != cell:
             cell = this
             lines += [
@@ -764,7 +793,7 @@ def format_markdown(report: dict) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for row in report["results"]:
-        cell = describe_cell((row["model"], row["batch_size"], row["contexts"]))
+        cell = describe_cell(cell_of(row))
         if row["errors"]:
             lines.append(f"| {cell} | {row['label']} | failed | | | | | | | | | |")
             continue
@@ -806,28 +835,33 @@ def format_markdown(report: dict) -> str:
     if report["targets"]:
         lines += ["", "| target | measured | met |", "|---|---:|---|"]
         for entry in report["targets"]:
-            measured = entry["measured"]
-            text = (
-                f"{measured:.0f} MiB"
-                if "MiB" in entry["target"]
-                else f"{measured:.2f} us"
-                if "us per" in entry["target"]
-                else f"{measured:.1%}"
+            lines.append(
+                f"| {entry['target']} | {format_measured(entry)} "
+                f"| {'yes' if entry['met'] else '**no**'} |"
             )
-            lines.append(f"| {entry['target']} | {text} | {'yes' if entry['met'] else '**no**'} |")
     return "\n".join(lines) + "\n"
+
+
+def format_measured(entry: dict) -> str:
+    """A target's measured value in its unit (results files without units: by the target's text)."""
+    unit = entry.get("unit") or (
+        "MiB" if "MiB" in entry["target"] else "us" if "us per" in entry["target"] else "%"
+    )
+    measured = entry["measured"]
+    return {
+        "MiB": f"{measured:.0f} MiB",
+        "us": f"{measured:.2f} us",
+        "x": f"{measured:.2f}x",
+    }.get(unit, f"{measured:.1%}")
 
 
 def format_targets(found: List[dict]) -> str:
     lines = ["", f"Targets ({TARGETS_TEXT})"]
     for entry in found:
-        measured = entry["measured"]
-        text = f"{measured:.1%}" if entry["limit"] <= 1 else f"{measured:.2f}"
-        if "MiB" in entry["target"]:
-            text = f"{measured:.0f} MiB"
-        elif "us per" in entry["target"]:
-            text = f"{measured:.3f} us"
-        lines.append(f"  {'met   ' if entry['met'] else 'MISSED'}  {entry['target']}: {text}")
+        lines.append(
+            f"  {'met   ' if entry['met'] else 'MISSED'}  {entry['target']}: "
+            f"{format_measured(entry)}"
+        )
     return "\n".join(lines)
 
 
@@ -853,10 +887,17 @@ def run_micro(args: List[str], env: Dict[str, str], root: str, nice: int = 0) ->
 
 # ---------------------------------------------------------------------- main
 def parse_cells(text: str):
+    """``mlp-32-1,mlp-32-2-adam`` -> cells (the optimizer defaults to momentum SGD)."""
     cells = []
     for item in text.split(","):
-        model, batch, contexts = item.split("-")
-        cells.append((model, int(batch), int(contexts)))
+        model, batch, contexts, *optimizer = item.split("-")
+        optimizer = optimizer[0] if optimizer else DEFAULT_OPTIMIZER
+        if optimizer not in OPTIMIZER_LABELS:
+            raise ValueError(
+                f"cell {item!r}: unknown optimizer {optimizer!r}; "
+                f"choose from {sorted(OPTIMIZER_LABELS)}"
+            )
+        cells.append((model, int(batch), int(contexts), optimizer))
     return tuple(cells)
 
 
@@ -892,7 +933,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("--contenders", help="comma-separated subset, e.g. hand,mxoid_bare")
     parser.add_argument(
-        "--cells", help="comma-separated model-batch-contexts, e.g. mlp-32-1,lenet-128-2"
+        "--cells",
+        help="comma-separated model-batch-contexts[-optimizer], e.g. mlp-32-1,lenet-128-2,"
+        "mlp-32-2-adam (optimizers: momentum, the default; sgd; adam)",
     )
     parser.add_argument(
         "--repeat",
@@ -969,7 +1012,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parser.error(f"unknown contenders {unknown}; choose from {list(ALL_CONTENDERS)}")
         if "hand" not in contenders:
             contenders.insert(0, "hand")  # the reference for ratios and parameters
-    cells = parse_cells(args.cells) if args.cells else config["cells"]
+    try:
+        cells = parse_cells(args.cells) if args.cells else config["cells"]
+    except ValueError as error:
+        parser.error(str(error))
     timed = args.timed_epochs or config["timed_epochs"]
     samples = {m: args.samples or n for m, n in config["samples"].items()}
     mxoid_root = os.path.abspath(args.mxoid)
@@ -990,9 +1036,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.perf_counter()
     try:
         jobs = [
-            Job(contender, model, batch, contexts, samples[model], 1 + timed, root, r)
+            Job(contender, model, batch, contexts, samples[model], 1 + timed, root, r, optimizer)
             for r in range(args.repeat)
-            for (model, batch, contexts) in cells
+            for (model, batch, contexts, optimizer) in cells
             for contender in contenders
         ]
         run_jobs(

@@ -37,8 +37,12 @@ def report(tmp_path_factory):
 def test_every_contender_ran_in_every_cell(report):
     data, _ = report
     cells = {tuple(cell) for cell in data["settings"]["cells"]}
-    assert {contexts for _, _, contexts in cells} == {1, 2}
-    ran = {(r["contender"], r["model"], r["batch_size"], r["contexts"]) for r in data["results"]}
+    assert {contexts for _, _, contexts, _ in cells} == {1, 2}
+    assert {optimizer for *_, optimizer in cells} == {"momentum", "sgd", "adam"}
+    ran = {
+        (r["contender"], r["model"], r["batch_size"], r["contexts"], r["optimizer"])
+        for r in data["results"]
+    }
     assert ran == {(c,) + cell for c in benchmark.ALL_CONTENDERS for cell in cells}
     for row in data["results"]:
         assert not row["errors"], row["errors"]
@@ -61,7 +65,8 @@ def test_same_computation_ends_with_the_hand_loops_parameters(report):
     assert "Correctness: every contender finite" in stdout
 
 
-def test_training_moved_the_parameters(tmp_path):
+@pytest.mark.parametrize("optimizer", ["momentum", "sgd", "adam"])
+def test_training_moved_the_parameters(tmp_path, optimizer):
     """The equality above is not vacuous: training changes the initial parameters."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import contenders
@@ -76,6 +81,7 @@ def test_training_moved_the_parameters(tmp_path):
         "epochs": 1,
         "workdir": str(tmp_path),
         "notes": [],
+        "optimizer": optimizer,
     }
     init = contenders.initial_params("mlp")
     params = contenders.hand_loop(spec, train, init, contenders.EpochClock())
@@ -148,3 +154,38 @@ def test_sweep_check_mxoid_ends_with_the_hand_loops_parameters(tmp_path):
         (10, 2),
         (50, 2),
     }
+
+
+def test_cells_name_their_optimizer():
+    assert benchmark.parse_cells("mlp-32-1,mlp-32-2-adam,lenet-128-2-sgd") == (
+        ("mlp", 32, 1, "momentum"),
+        ("mlp", 32, 2, "adam"),
+        ("lenet", 128, 2, "sgd"),
+    )
+    with pytest.raises(ValueError, match="unknown optimizer 'rmsprop'"):
+        benchmark.parse_cells("mlp-32-1-rmsprop")
+    assert benchmark.describe_cell(("mlp", 32, 2, "adam")) == "MLP b32 2 ctx, Adam"
+    assert benchmark.describe_cell(("lenet", 128, 1, "momentum")) == "LeNet b128 1 ctx"
+
+
+def test_targets_of_every_optimizer_cell(report):
+    """Issue 13's targets are computed for each MLP cell and optimizer the run has."""
+    data, _ = report
+    found = {entry["target"]: entry for entry in benchmark.targets(data["results"], None)}
+    for where in ("MLP b32 1 ctx", "MLP b32 1 ctx, SGD", "MLP b32 2 ctx, Adam"):
+        for target in (
+            f"mxoid everyday extensions, {where}: >= 95% of hand",
+            f"mxoid bare, {where}: >= 98% of hand",
+            f"mxoid everyday extensions, {where}: Python thread's host time per batch "
+            "<= 1.10x hand's",
+            f"mxoid bare, {where}: Python thread's host time per batch <= 1.05x hand's",
+            f"mxoid everyday extensions, {where}: >= 1.5x Module.fit, accuracy",
+            f"mxoid bare, {where}: ahead of the Gluon loop (x Gluon >= 1.00x)",
+        ):
+            entry = found[target]
+            assert entry["met"] == (
+                entry["measured"] <= entry["limit"]
+                if "<=" in target
+                else entry["measured"] >= entry["limit"]
+            )
+    assert benchmark.format_measured(found[target]).endswith("x")
