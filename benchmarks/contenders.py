@@ -10,9 +10,10 @@ times, its peak memory and its final parameters next to the spec.
 
 Every contender of a cell runs the same optimizer math: the cell's optimizer
 (:data:`OPTIMIZERS`: SGD with momentum, plain SGD, or Adam), weight decay on
-``*_weight`` parameters only (MXNet's default for symbols), gradients summed
-over the batch and rescaled by ``1 / batch_size``. On two contexts the batch is
-split in two halves and the gradients of both halves are summed.
+``*_weight`` (and ``*_gamma``) parameters only (MXNet's default for symbols),
+gradients summed over the batch and rescaled by ``1 / batch_size``. On two
+contexts the batch is split in two halves and the gradients of both halves are
+summed.
 """
 
 from __future__ import annotations
@@ -304,7 +305,7 @@ def hand_loop(spec, train_iter, init, clock, stock_updater: bool = False):
     label_targets = [e.arg_dict["softmax_label"] for e in executors]
     optimizer_name, params = optimizer_of(spec)
     rescale = 1.0 / batch_size
-    wds = [params["wd"] if n.endswith("_weight") else 0.0 for n in names]
+    wds = [params["wd"] if n.endswith(("_weight", "_gamma")) else 0.0 for n in names]
     new_state, step = fused_step(spec.get("optimizer", "momentum"), rescale)
 
     def stock_optimizer():
@@ -444,7 +445,7 @@ def gluon_trainer(spec, train_iter, init, clock):
     params = net.collect_params()
     for name, param in params.items():
         param.set_data(mx.nd.array(init[name]))
-        if not name.endswith("_weight"):
+        if not name.endswith(("_weight", "_gamma")):
             param.wd_mult = 0.0
     net.hybridize(static_alloc=True, static_shape=True)
     loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()

@@ -2,8 +2,11 @@
 
 A deep, narrow network (``FullyConnected`` layers of 16 units with ReLU, batch
 32, 16 input features: the compute is negligible) with 10, 50, 100 and 200
-parameter arrays, trained with momentum SGD by two contenders in one process,
-interleaved in rounds:
+parameter arrays, and a CIFAR ResNet-56 (3 stages of 9 basic blocks, 16/32/64
+channels, BatchNorm after every convolution: 170 parameter arrays and 110
+auxiliary states) on 8x8 inputs at batch 8, so its compute stays small,
+trained with momentum SGD by two contenders in one process, interleaved in
+rounds:
 
 - ``hand``: the floor of ``run.py``: ``simple_bind`` executors, ``copyto``,
   forward, backward, one ``mx.nd.sgd_mom_update`` per parameter on one context
@@ -48,16 +51,33 @@ NAME = "sweep"
 WIDTH = 16
 BATCH = 32
 PARAMS = {"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-4}
+RESNET = "resnet56"
+RESNET_BATCH, RESNET_SIDE = 8, 8
 MODES = {
     "full": {
-        "arrays": (10, 50, 100, 200),
+        "arrays": (10, 50, 100, 200, RESNET),
         "contexts": (1, 2),
         "batches": 128,
+        "resnet_batches": 32,
         "epochs": 3,
         "rounds": 5,
     },
-    "quick": {"arrays": (10, 200), "contexts": (1,), "batches": 64, "epochs": 2, "rounds": 2},
-    "check": {"arrays": (10, 50), "contexts": (1, 2), "batches": 8, "epochs": 1, "rounds": 1},
+    "quick": {
+        "arrays": (10, 200, RESNET),
+        "contexts": (1,),
+        "batches": 64,
+        "resnet_batches": 8,
+        "epochs": 2,
+        "rounds": 2,
+    },
+    "check": {
+        "arrays": (10, 50, RESNET),
+        "contexts": (1, 2),
+        "batches": 8,
+        "resnet_batches": 2,
+        "epochs": 1,
+        "rounds": 1,
+    },
 }
 TARGET_US_PER_ARRAY = 1.0
 
@@ -74,21 +94,73 @@ def deep_narrow(arrays: int) -> mx.sym.Symbol:
     return mx.sym.SoftmaxOutput(net, name="softmax")
 
 
-def data(batches: int):
+def resnet56() -> mx.sym.Symbol:
+    """The CIFAR ResNet-56 of He et al. (2016): 3 stages of 9 basic blocks, 16/32/64 channels.
+
+    Every convolution (without bias) is followed by BatchNorm (trainable gamma);
+    the first block of the second and third stages halves the resolution and
+    takes a 1x1 convolution (and BatchNorm) as its shortcut.
+    """
+
+    def conv_bn(x, channels, kernel, stride, name):
+        pad = (kernel // 2, kernel // 2)
+        x = mx.sym.Convolution(
+            x, num_filter=channels, kernel=(kernel, kernel), stride=(stride, stride), pad=pad,
+            no_bias=True, name=f"{name}_conv",
+        )  # fmt: skip
+        return mx.sym.BatchNorm(x, fix_gamma=False, momentum=0.9, name=f"{name}_bn")
+
+    net = mx.sym.Activation(conv_bn(mx.sym.Variable("data"), 16, 3, 1, "stem"), act_type="relu")
+    for stage, channels in enumerate((16, 32, 64)):
+        for block in range(9):
+            name = f"s{stage}b{block}"
+            stride = 2 if stage > 0 and block == 0 else 1
+            body = mx.sym.Activation(conv_bn(net, channels, 3, stride, f"{name}a"), act_type="relu")
+            body = conv_bn(body, channels, 3, 1, f"{name}b")
+            shortcut = conv_bn(net, channels, 1, stride, f"{name}s") if stride == 2 else net
+            net = mx.sym.Activation(body + shortcut, act_type="relu")
+    net = mx.sym.Pooling(net, global_pool=True, pool_type="avg", kernel=(1, 1))
+    net = mx.sym.FullyConnected(mx.sym.flatten(net), num_hidden=10, name="fc")
+    return mx.sym.SoftmaxOutput(net, name="softmax")
+
+
+def case(arrays) -> tuple:
+    """``(label, symbol, sample shape, batch size, number of parameter arrays)``."""
+    if arrays == RESNET:
+        symbol = resnet56()
+        count = len(symbol.list_arguments()) - 2
+        return f"ResNet-56 ({count})", symbol, (3, RESNET_SIDE, RESNET_SIDE), RESNET_BATCH, count
+    return str(arrays), deep_narrow(arrays), (WIDTH,), BATCH, arrays
+
+
+def data(batches: int, shape: tuple, batch: int):
     rng = np.random.RandomState(0)
-    X = rng.uniform(-1, 1, (batches * BATCH, WIDTH)).astype("float32")
-    y = rng.randint(0, 10, batches * BATCH).astype("float32")
+    X = rng.uniform(-1, 1, (batches * batch,) + shape).astype("float32")
+    y = rng.randint(0, 10, batches * batch).astype("float32")
     return X, y
 
 
-def initial(symbol: mx.sym.Symbol) -> Dict[str, np.ndarray]:
+def initial(symbol: mx.sym.Symbol, shape: tuple, batch: int) -> Dict[str, np.ndarray]:
+    """Uniform in +-0.3 for the narrow layers; Glorot-uniform weights for the ResNet's
+    convolutions, BatchNorm's gamma 1 and beta 0."""
     rng = np.random.RandomState(1)
-    shapes, _, _ = symbol.infer_shape(data=(BATCH, WIDTH), softmax_label=(BATCH,))
-    return {
-        name: rng.uniform(-0.3, 0.3, shape).astype("float32")
-        for name, shape in zip(symbol.list_arguments(), shapes)
-        if name not in ("data", "softmax_label")
-    }
+    shapes, _, _ = symbol.infer_shape(data=(batch,) + shape, softmax_label=(batch,))
+    params = {}
+    for name, param_shape in zip(symbol.list_arguments(), shapes):
+        if name in ("data", "softmax_label"):
+            continue
+        if name.endswith("_gamma"):
+            params[name] = np.ones(param_shape, "float32")
+        elif name.endswith("_beta"):
+            params[name] = np.zeros(param_shape, "float32")
+        elif name.endswith("_conv_weight"):
+            fan_in = int(np.prod(param_shape[1:]))
+            fan_out = param_shape[0] * int(np.prod(param_shape[2:]))
+            limit = np.sqrt(6.0 / (fan_in + fan_out))
+            params[name] = rng.uniform(-limit, limit, param_shape).astype("float32")
+        else:
+            params[name] = rng.uniform(-0.3, 0.3, param_shape).astype("float32")
+    return params
 
 
 class Clock:
@@ -107,23 +179,24 @@ class Clock:
         return (w1 - w0) / steps * 1e6, (c1 - c0) / steps * 1e6
 
 
-def hand(symbol, X, y, init, devices: int, epochs: int, clock: Clock):
+def hand(symbol, X, y, init, devices: int, epochs: int, clock: Clock, batch_size: int):
     ctxs = [mx.cpu(i) for i in range(devices)]
     names = [n for n in symbol.list_arguments() if n not in ("data", "softmax_label")]
-    rows = BATCH // devices
+    rows = batch_size // devices
     grad_req = {n: ("write" if n in names else "null") for n in symbol.list_arguments()}
     executors = []
     for ctx in ctxs:
         executor = symbol.simple_bind(
-            ctx, grad_req=grad_req, data=(rows, WIDTH), softmax_label=(rows,)
+            ctx, grad_req=grad_req, data=(rows,) + X.shape[1:], softmax_label=(rows,)
         )
         for name in names:
             executor.arg_dict[name][:] = init[name]
         executors.append(executor)
     weights = [[e.arg_dict[n] for n in names] for e in executors]
     grads = [[e.grad_dict[n] for n in names] for e in executors]
-    rescale, lr, momentum = 1.0 / BATCH, PARAMS["learning_rate"], PARAMS["momentum"]
-    wds = [PARAMS["wd"] if n.endswith("_weight") else 0.0 for n in names]
+    rescale, lr, momentum = 1.0 / batch_size, PARAMS["learning_rate"], PARAMS["momentum"]
+    # Weight decay on *_weight and *_gamma only, as MXNet's optimizers decide for symbols.
+    wds = [PARAMS["wd"] if n.endswith(("_weight", "_gamma")) else 0.0 for n in names]
     kvstore = None
     if devices == 1:
         moms = [mx.nd.zeros(w.shape, ctx=w.context) for w in weights[0]]
@@ -152,7 +225,7 @@ def hand(symbol, X, y, init, devices: int, epochs: int, clock: Clock):
         pushpulls = [
             (i, [g[i] for g in grads], [w[i] for w in weights], -i) for i in range(len(names))
         ]
-    it = mx.io.NDArrayIter(X, y, batch_size=BATCH, label_name="softmax_label")
+    it = mx.io.NDArrayIter(X, y, batch_size=batch_size, label_name="softmax_label")
     clock.tick()
     for _ in range(epochs):
         it.reset()
@@ -193,8 +266,8 @@ class Tick(mxoid.Extension):
         self.clock.tick()
 
 
-def with_mxoid(symbol, X, y, init, devices: int, epochs: int, clock: Clock):
-    it = mx.io.NDArrayIter(X, y, batch_size=BATCH, label_name="softmax_label")
+def with_mxoid(symbol, X, y, init, devices: int, epochs: int, clock: Clock, batch_size: int):
+    it = mx.io.NDArrayIter(X, y, batch_size=batch_size, label_name="softmax_label")
     loop = mxoid.MainLoop(
         symbol,
         it,
@@ -217,12 +290,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mode = standalone.mode_of(args)
     settings = MODES[mode]
     load = standalone.OtherLoad()
-    X, y = data(settings["batches"])
     results, failures = [], []
     for devices in settings["contexts"]:
-        for arrays in settings["arrays"]:
-            symbol = deep_narrow(arrays)
-            init = initial(symbol)
+        for network in settings["arrays"]:
+            label, symbol, shape, batch_size, arrays = case(network)
+            batches = settings["resnet_batches" if network == RESNET else "batches"]
+            X, y = data(batches, shape, batch_size)
+            init = initial(symbol, shape, batch_size)
             times: Dict[str, List[tuple]] = {name: [] for name in CONTENDERS}
             params = {}
             for round_ in range(settings["rounds"]):
@@ -230,15 +304,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 for name in order:
                     clock = Clock()
                     params[name] = CONTENDERS[name](
-                        symbol, X, y, init, devices, settings["epochs"] + 1, clock
+                        symbol, X, y, init, devices, settings["epochs"] + 1, clock, batch_size
                     )
-                    times[name].append(clock.per_step(settings["batches"]))
+                    times[name].append(clock.per_step(batches))
             for name in params["hand"]:
                 if not np.allclose(
                     params["mxoid"][name], params["hand"][name], rtol=1e-5, atol=1e-6
                 ):
-                    failures.append(f"{arrays} arrays, {devices} ctx: {name} differs")
-            row = {"arrays": arrays, "contexts": devices}
+                    failures.append(f"{label} arrays, {devices} ctx: {name} differs")
+            row = {
+                "network": "resnet56" if network == RESNET else "deep_narrow",
+                "label": label,
+                "arrays": arrays,
+                "contexts": devices,
+                "batch_size": batch_size,
+                "input_shape": list(shape),
+            }
             for name, measured in times.items():
                 row[name] = {
                     "us_per_step": float(np.median([m[0] for m in measured])),
@@ -249,7 +330,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             results.append(row)
             hand_row, ours = row["hand"], row["mxoid"]
             print(
-                f"{arrays:4d} arrays, {devices} ctx: hand {hand_row['us_per_step']:8.1f} us/step "
+                f"{label:>15} arrays, {devices} ctx: hand {hand_row['us_per_step']:8.1f} us/step "
                 f"(host {hand_row['host_us_per_step']:8.1f}), mxoid {ours['us_per_step']:8.1f} "
                 f"(host {ours['host_us_per_step']:8.1f}); mxoid host - hand host: "
                 f"{extra / arrays:+.2f} us per array",
@@ -265,6 +346,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "settings": {
                 "width": WIDTH,
                 "batch_size": BATCH,
+                "resnet": {
+                    "batch_size": RESNET_BATCH,
+                    "input_shape": [3, RESNET_SIDE, RESNET_SIDE],
+                },
                 "optimizer": PARAMS,
                 "target_us_per_array": TARGET_US_PER_ARRAY,
                 **settings,
@@ -286,7 +371,7 @@ def format_table(results: List[dict]) -> str:
     ]
     for r in results:
         lines.append(
-            f"| {r['arrays']} | {r['contexts']} | {r['hand']['us_per_step']:,.1f} "
+            f"| {r.get('label', r['arrays'])} | {r['contexts']} | {r['hand']['us_per_step']:,.1f} "
             f"| {r['mxoid']['us_per_step']:,.1f} | {r['hand']['host_us_per_step']:,.1f} "
             f"| {r['mxoid']['host_us_per_step']:,.1f} | {r['host_us_per_array_over_hand']:+.2f} |"
         )

@@ -148,12 +148,15 @@ def test_evaluate_check_same_accuracy_as_module_score(tmp_path):
 
 def test_sweep_check_mxoid_ends_with_the_hand_loops_parameters(tmp_path):
     data = _run_check("sweep.py", tmp_path)
-    assert {(r["arrays"], r["contexts"]) for r in data["results"]} == {
-        (10, 1),
-        (50, 1),
-        (10, 2),
-        (50, 2),
+    assert {(r["network"], r["arrays"], r["contexts"]) for r in data["results"]} == {
+        ("deep_narrow", 10, 1),
+        ("deep_narrow", 50, 1),
+        ("resnet56", 173, 1),
+        ("deep_narrow", 10, 2),
+        ("deep_narrow", 50, 2),
+        ("resnet56", 173, 2),
     }
+    assert data["correctness"]["ok"], data["correctness"]["failures"]
 
 
 def test_cells_name_their_optimizer():
