@@ -9,6 +9,7 @@ import mxnet as mx
 import numpy as np
 
 from .errors import clean_mxnet_message
+from .invoke import PreparedCopy
 
 __all__ = [
     "DataParallelExecutorManager",
@@ -314,6 +315,7 @@ class DataParallelExecutorManager:
         self._evaluation_managers: Dict[tuple, DataParallelExecutorManager] = {}
         self._next_pass: Optional[List[mx.executor.Executor]] = None
         self._grads_by_device: Optional[List[List[mx.nd.NDArray]]] = None
+        self._copies: Optional[Dict[int, List[PreparedCopy]]] = None  # by id of the targets
 
     # ------------------------------------------------------------------ binding
     def _check_input_names(self) -> None:
@@ -468,14 +470,33 @@ class DataParallelExecutorManager:
             self.valid_rows = [max(0, min(s.stop, real) - s.start) for s in self.slices]
 
     def _load(self, sources: Sequence[mx.nd.NDArray], targets: List[List[mx.nd.NDArray]]) -> None:
+        """Copy each source (its slice per device) into its targets, as ``copyto`` does.
+
+        Dense NDArrays take copies prepared once per target
+        (:class:`~mxoid.invoke.PreparedCopy`); other sources ``copyto`` itself.
+        """
+        copies = self._copies
+        if copies is None:
+            copies = self._copies = {
+                id(device_targets): [PreparedCopy(target) for target in device_targets]
+                for device_targets in self._data_targets + self._label_targets
+            }
+        ndarray = mx.nd.NDArray
         if self._single:
-            for source, (target,) in zip(sources, targets):
-                source.copyto(target)
+            for source, device_targets in zip(sources, targets):
+                if type(source) is ndarray:
+                    copies[id(device_targets)][0](source)
+                else:
+                    source.copyto(device_targets[0])
             return
         slices = self.slices
         for source, device_targets in zip(sources, targets):
-            for slc, target in zip(slices, device_targets):
-                source[slc].copyto(target)
+            if type(source) is ndarray:
+                for slc, copy in zip(slices, copies[id(device_targets)]):
+                    copy(source._slice(slc.start, slc.stop))  # what source[slc] returns
+            else:
+                for slc, target in zip(slices, device_targets):
+                    source[slc].copyto(target)
 
     def forward(self, is_train: bool = False) -> None:
         """Run the forward pass on every device (asynchronously)."""

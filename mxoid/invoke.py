@@ -23,7 +23,7 @@ from typing import Any, Sequence, Tuple
 import mxnet as mx
 from mxnet.base import _LIB, NDArrayHandle, OpHandle, c_handle_array, c_str, c_str_array, check_call
 
-__all__ = ["PreparedCall", "PreparedPushPull"]
+__all__ = ["PreparedCall", "PreparedCopy", "PreparedPushPull"]
 
 
 class PreparedCall:
@@ -103,6 +103,38 @@ class PreparedCall:
                 ctypes.byref(self._out_stypes),
             )
         )
+
+
+class PreparedCopy(PreparedCall):
+    """``source.copyto(target)`` into a fixed target, from a new source at each call.
+
+    The call ``NDArray.copyto`` makes (the ``_copyto`` operator, which also
+    copies across devices and casts the type), with the target's handle and the
+    call's arrays built once: each call only puts the source's handle in.
+
+    Parameters
+    ----------
+    target : NDArray
+        Where every call copies to (kept alive here).
+
+    Examples
+    --------
+    >>> import mxnet as mx
+    >>> from mxoid.invoke import PreparedCopy
+    >>> target = mx.nd.zeros((2,))
+    >>> copy = PreparedCopy(target)
+    >>> copy(mx.nd.array([1, 2]))
+    >>> target.asnumpy().tolist()
+    [1.0, 2.0]
+    """
+
+    def __init__(self, target: mx.nd.NDArray) -> None:
+        super().__init__("_copyto", [target], [target])  # the input is replaced at each call
+
+    def __call__(self, source: mx.nd.NDArray) -> None:  # type: ignore[override]
+        """Queue the copy of ``source`` (a dense NDArray) into the target."""
+        self._inputs[0] = source.handle
+        super().__call__()
 
 
 class PreparedPushPull:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from conftest import TWO_CPUS
 
-from mxoid.invoke import PreparedCall, PreparedPushPull
+from mxoid.invoke import PreparedCall, PreparedCopy, PreparedPushPull
 
 
 def arrays(seed, shape=(7, 5), ctx=None):
@@ -62,3 +62,25 @@ def test_a_prepared_pushpull_equals_kvstore_pushpull(keys):
     for a, b in zip(*results):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_allclose(results[1][0], results[1][1])  # both devices hold the sum
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int32"])
+def test_a_prepared_copy_equals_copyto_across_devices_and_types(dtype):
+    """As NDArray.copyto: a new source each call, another device, the target's type."""
+    rng = np.random.RandomState(2)
+    target, reference = mx.nd.zeros((4, 3), ctx=TWO_CPUS[1]), mx.nd.zeros((4, 3), ctx=TWO_CPUS[1])
+    copy = PreparedCopy(target)
+    for _ in range(3):
+        source = mx.nd.array(rng.uniform(-9, 9, (8, 3)), dtype=dtype)[2:6]  # a view
+        copy(source)
+        source.copyto(reference)
+        np.testing.assert_array_equal(target.asnumpy(), reference.asnumpy())
+    assert target.dtype == np.float32 and target.context == TWO_CPUS[1]
+
+
+def test_a_prepared_copy_of_the_wrong_shape_raises_and_leaves_the_target():
+    target = mx.nd.ones((2, 3))
+    copy = PreparedCopy(target)
+    with pytest.raises(mx.base.MXNetError):
+        copy(mx.nd.zeros((3, 3)))
+    np.testing.assert_array_equal(target.asnumpy(), np.ones((2, 3)))
