@@ -54,11 +54,11 @@ import mxoid  # noqa: E402
 from mxoid.extensions import Evaluate  # noqa: E402
 
 NAME = "evaluate"
-BATCHES = (100, 500)
+BATCHES = (50, 100, 500)
 METRIC_SETS = (("acc",), ("ce",), ("acc", "ce"))
 # metric -> (mxoid record, without the iterator's prefix; Module's name)
 RECORDS = {"acc": ("accuracy", "accuracy"), "ce": ("cross_entropy", "cross-entropy")}
-TRAIN_BATCH = 64
+TRAIN_BATCH = 50
 TRAINED_BATCHES = 8
 TARGET = 1.5
 CE_RTOL = 1e-5

@@ -281,21 +281,27 @@ def test_two_device_evaluation_equals_one_device_evaluation_of_get_params(name):
     assert "mid_accuracy" in records
 
 
+@pytest.mark.parametrize("executors", ["own", "training"])
 @pytest.mark.parametrize("devices", ["one", "two"])
 @pytest.mark.parametrize("name", NETWORKS)
-def test_evaluation_at_the_training_batch_size_does_not_change_training(name, devices):
-    """Evaluation runs on the training executors here (same shapes), under MKLDNN."""
+def test_evaluation_at_the_training_batch_size_does_not_change_training(name, devices, executors):
+    """Evaluation at the training shapes, under MKLDNN, on executors of its own that share the
+    training parameters and memory pool (device metrics: computed in their graph), or on
+    the training executors themselves (a host metric: no graph to put it in)."""
     plain = loop_params(make_loop(name, DEVICES[devices], [FinishAfter(after_n_epochs=3)]).run())
+    metrics = ["acc", "ce"] if executors == "own" else [mx.metric.Accuracy()]
     evaluated_loop = make_loop(
         name,
         DEVICES[devices],
         [
             FinishAfter(after_n_epochs=3),
-            Evaluate({"valid": valid_iter()}, ["acc", "ce"]),
+            Evaluate({"valid": valid_iter()}, metrics),
             TrainingMonitoring(["acc", "ce"]),
         ],
     )
-    assert evaluated_loop.extensions[1]._accumulators["valid"].manager is evaluated_loop.manager
+    evaluation_manager = evaluated_loop.extensions[1]._accumulators["valid"].manager
+    assert (evaluation_manager is evaluated_loop.manager) == (executors == "training")
+    assert evaluation_manager.param_arrays[0][0] is evaluated_loop.manager.param_arrays[0][0]
     evaluated = loop_params(evaluated_loop.run())
     assert "valid_accuracy" in evaluated_loop.log[12]
     # A BatchNorm(fix_gamma=True) forward pass resets its gamma to 1 in place (the value

@@ -140,11 +140,11 @@ class Evaluate(_MetricsExtension):
     :func:`mxoid.metrics.create_metrics`).
 
     Iterators may have another batch size than training: executors are bound
-    for their shapes once, sharing the training parameters, and they compute
-    each row's metric values in their own graph (one array addition per
-    device and batch is left); iterators with the training shapes run on the
-    training executors, with one operator call per device and batch for the
-    metrics. Either way the loop
+    for each iterator's shapes once (the training shapes too), sharing the
+    training parameters and memory pool, and they compute each row's metric
+    values in their own graph (one array addition per device and batch is
+    left); with host metrics only, an iterator of the training shapes runs on
+    the training executors. Either way the loop
     first waits for the training step in flight and, on several devices,
     makes every device hold the averaged BatchNorm statistics
     (:meth:`MainLoop.get_params` describes the policy), and training goes on
@@ -235,22 +235,23 @@ class Evaluate(_MetricsExtension):
     ) -> MetricAccumulator:
         """Bind the metrics of one iterator: in the evaluation graph itself where they fit.
 
-        An iterator with the training shapes runs on the training executors,
-        whose graph is training's: its metrics take an operator call per device
-        and batch. Others get executors of their own, which compute the per-row
-        values as a private head (:func:`~mxoid.metrics.per_row_head`).
+        The iterator gets executors of its own (sharing the parameters, and the
+        training executors' memory pool), which compute the per-row values as
+        a private head (:func:`~mxoid.metrics.per_row_head`), whatever its
+        shapes, the training ones included; metrics that cannot be built into
+        the graph are computed by an operator call per device and batch, on
+        the training executors for inputs of the training shapes.
         """
         manager = loop.manager
         data, labels = iterator.provide_data, iterator.provide_label
-        if not manager.same_inputs(data, labels):
-            shapes = {desc[0]: tuple(desc[1]) for desc in list(data) + list(labels or [])}
-            label_names = [desc[0] for desc in labels or []]
-            batch_size = next(iter(shapes.values()))[0]
-            rows = [s.stop - s.start for s in split_batch(batch_size, manager.work_load_list)]
-            head = per_row_head(loop.symbol, bound, label_names, shapes, rows)
-            if head is not None:
-                manager = manager.evaluation_manager(data, labels, private_heads=[head])
-                return MetricAccumulator(manager, bound, manager.private_outputs[0])
+        shapes = {desc[0]: tuple(desc[1]) for desc in list(data) + list(labels or [])}
+        label_names = [desc[0] for desc in labels or []]
+        batch_size = next(iter(shapes.values()))[0]
+        rows = [s.stop - s.start for s in split_batch(batch_size, manager.work_load_list)]
+        head = per_row_head(loop.symbol, bound, label_names, shapes, rows)
+        if head is not None:
+            manager = manager.evaluation_manager(data, labels, private_heads=[head])
+            return MetricAccumulator(manager, bound, manager.private_outputs[0])
         return MetricAccumulator(manager.evaluation_manager(data, labels), bound)
 
     def do(self, which_callback: str, *args: Any) -> None:

@@ -266,9 +266,10 @@ def test_training_metrics_are_computed_by_the_training_executors():
     assert 0 <= loop.log.last("train_softmax_accuracy") <= 1
 
 
-def test_evaluate_computes_the_values_in_the_evaluation_graph_for_other_shapes():
-    """An iterator with another batch size gets executors with a private head; one with
-    the training shapes runs on the training executors (an operator call per device)."""
+def test_evaluate_computes_the_values_in_the_evaluation_graph_for_every_shape():
+    """Every iterator gets executors with a private head, sharing the parameters: one with
+    another batch size, and one with the training shapes too (not the training executors,
+    whose graph would need an operator call per device and batch for the metrics)."""
     Xv, yv = dataset("valid")
     evaluate = Evaluate(
         {"other": iterator(Xv, yv, 16), "same": iterator(Xv[:80], yv[:80], 20)},
@@ -278,7 +279,9 @@ def test_evaluate_computes_the_values_in_the_evaluation_graph_for_other_shapes()
     other, same = evaluate._accumulators["other"], evaluate._accumulators["same"]
     assert other._head is not None and not other._calls[0]
     assert other.manager is not loop.manager and other.manager.output_names == ["softmax", "reg"]
-    assert same._head is None and same.manager is loop.manager
+    assert same._head is not None and not same._calls[0]
+    assert same.manager is not loop.manager and same.manager is not other.manager
+    assert same.manager.param_arrays[0][0] is loop.manager.param_arrays[0][0]
     loop.run()
     row = loop.log[loop.status.iterations_done]
     params = loop.get_params()[0]
