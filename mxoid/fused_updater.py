@@ -180,6 +180,11 @@ class FusedUpdater(mx.optimizer.Updater):
         plan.constants = constants
         plan.weight, plan.grad = weight.handle.value, grad.handle.value
         if self.kvstore_buffers:
+            # A kvstore allocates its buffers lazily, on the engine's thread, when the
+            # first write to them runs; asking for the data pointer before that would
+            # allocate them here too, racing with the engine. Once per plan.
+            weight.wait_to_read()
+            grad.wait_to_read()
             plan.pointers = (data_pointer(weight, plan.scratch), data_pointer(grad, plan.scratch))
         return PreparedCall(kernel, [weight, grad, *plan.states], [weight], **constants)
 
@@ -217,7 +222,8 @@ class _Plan:
 
         The prepared arrays are kept alive by the call, so their storage cannot
         be freed and given to other arrays: the same pointers are the same
-        arrays (as a kvstore passes them: new handles to its own buffers).
+        arrays (as a kvstore passes them: new handles to its own buffers, which
+        were allocated when the plan was made).
         """
         pointers = self.pointers
         return (

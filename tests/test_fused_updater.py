@@ -273,3 +273,33 @@ def test_a_kvstore_updater_given_other_arrays_updates_those():
         stock(0, mx.nd.array(grad), theirs)
         np.testing.assert_array_equal(ours.asnumpy(), theirs.asnumpy())
     assert counting.calls == 2  # the first step prepared on its arrays; then other storage
+
+
+def test_a_fresh_kvstores_lazily_allocated_buffers_are_not_raced():
+    """A new kvstore's buffers are allocated by the engine when its first copy runs; the
+    updater must not allocate them from the Python thread meanwhile (as reading their data
+    pointer too early would): fresh kvstores train as with the stock updater. (A race: this
+    failed in five runs of six before the fix.)"""
+    contexts = [mx.cpu(0), mx.cpu(1)]
+    rng = np.random.RandomState(7)
+    shapes = [(64, 256)] * 60
+    starts = [rng.uniform(-1, 1, s) for s in shapes]
+    grads = [[mx.nd.array(rng.uniform(-1, 1, s), ctx=c) for c in contexts] for s in shapes]
+
+    def train(updater):
+        kvstore = mx.kv.create("local")
+        weights = [[mx.nd.array(w, ctx=c) for c in contexts] for w in starts]
+        for key, pair in enumerate(weights):
+            kvstore.init(key, pair[0])  # a copy into a buffer allocated when it runs
+        kvstore._set_updater(updater)
+        for _ in range(2):
+            for key, pair in enumerate(weights):
+                kvstore.pushpull(key, grads[key], out=pair)
+        return [pair[1].asnumpy() for pair in weights]
+
+    expected = train(mx.optimizer.get_updater(make_optimizer()))
+    for _ in range(10):
+        for ours, theirs in zip(
+            train(FusedUpdater(make_optimizer(), kvstore_buffers=True)), expected
+        ):
+            np.testing.assert_array_equal(ours, theirs)
