@@ -23,10 +23,12 @@ A kvstore that updates (``update_on_kvstore``: the ``'local'`` and ``'device'``
 kvstores on several devices) calls its updater with new array handles at every
 step, pointing to the same storage (its summed gradient and its copy of the
 weight). An updater made for a kvstore (``kvstore_buffers=True``) keeps the
-first call's arrays; a later call whose arrays have the same data pointers
-reuses the call prepared on them, and one whose do not calls the ``mx.nd``
-kernel on the arrays given (as every updater does for handles it was not
-prepared with).
+first call's arrays; once :meth:`FusedUpdater.settle_buffers` has noted their
+data pointers (the loop calls it after waiting for the engine, at the end of
+the first epoch), a call whose arrays have the same data pointers reuses the
+call prepared on them, and one whose do not calls the ``mx.nd`` kernel on the
+arrays given (as every updater does for handles it was not prepared with, and
+as this one does until then).
 
 Everything else takes the stock path: other optimizers, ``multi_precision``,
 sparse arrays. Update counts are kept as the optimizer keeps them (so Adam's
@@ -80,9 +82,10 @@ class FusedUpdater(mx.optimizer.Updater):
     kvstore_buffers : bool, default False
         Whether a kvstore calls it (``kvstore._set_updater``) with its own
         buffers, whose storage does not change between steps of a key: new
-        handles to the arrays of the first call then reuse its prepared call.
-        Only for kvstores: a caller passing another view of the same data (a
-        slice at the same address) would get the whole array updated.
+        handles to the arrays of the first call then reuse its prepared call,
+        once :meth:`settle_buffers` was called. Only for kvstores: a caller
+        passing another view of the same data (a slice at the same address)
+        would get the whole array updated.
     """
 
     def __init__(self, optimizer: mx.optimizer.Optimizer, kvstore_buffers: bool = False) -> None:
@@ -138,6 +141,29 @@ class FusedUpdater(mx.optimizer.Updater):
         else:  # other arrays than those prepared
             self._function(weight, grad, *plan.states, out=weight, lr=lr, wd=wd, **plan.constants)
 
+    @property
+    def buffers_to_settle(self) -> bool:
+        """Whether some kvstore buffers await :meth:`settle_buffers`."""
+        return any(plan is not None and plan.buffers for plan in self._plans.values())
+
+    def settle_buffers(self) -> None:
+        """Note the data pointers of the kvstore buffers the plans were prepared on.
+
+        Call it only once the engine has computed everything queued before
+        (``mx.nd.waitall()``): a kvstore allocates its buffers lazily, on the
+        engine's thread, when their first write runs, and reading the data
+        pointer of a buffer not allocated yet would allocate it from this
+        thread too, racing with the engine.
+        """
+        for plan in self._plans.values():
+            if plan is not None and plan.buffers:
+                weight, grad = plan.buffers
+                plan.pointers = (
+                    data_pointer(weight, plan.scratch),
+                    data_pointer(grad, plan.scratch),
+                )
+                plan.buffers = ()
+
     def _plan(self, index: Any, grad: mx.nd.NDArray, weight: mx.nd.NDArray) -> Optional[_Plan]:
         if weight.stype != "default" or grad.stype != "default":
             return None
@@ -180,12 +206,7 @@ class FusedUpdater(mx.optimizer.Updater):
         plan.constants = constants
         plan.weight, plan.grad = weight.handle.value, grad.handle.value
         if self.kvstore_buffers:
-            # A kvstore allocates its buffers lazily, on the engine's thread, when the
-            # first write to them runs; asking for the data pointer before that would
-            # allocate them here too, racing with the engine. Once per plan.
-            weight.wait_to_read()
-            grad.wait_to_read()
-            plan.pointers = (data_pointer(weight, plan.scratch), data_pointer(grad, plan.scratch))
+            plan.buffers = (weight, grad)  # their pointers: see settle_buffers
         return PreparedCall(kernel, [weight, grad, *plan.states], [weight], **constants)
 
 
@@ -205,6 +226,7 @@ class _Plan:
         "grad",
         "pointers",
         "scratch",
+        "buffers",
     )
 
     def __init__(self, key: Any, state: Any, lr_mult: float, wd_mult: float, adam: bool) -> None:
@@ -214,8 +236,9 @@ class _Plan:
         self.states: list = []  # the kernel's state arrays, after the weight and gradient
         self.constants: Dict[str, Any] = {}  # its settings but the rate and weight decay
         self.weight = self.grad = 0  # the handles the call was prepared with
-        self.pointers = (None, None)  # and their data pointers
+        self.pointers = (None, None)  # and their data pointers, once settled
         self.scratch = ctypes.c_void_p()
+        self.buffers: tuple = ()  # a kvstore's arrays whose pointers are still to be noted
 
     def same_storage(self, weight: mx.nd.NDArray, grad: mx.nd.NDArray) -> bool:
         """Whether these arrays (other handles) point to the data the call was prepared on.
@@ -223,7 +246,7 @@ class _Plan:
         The prepared arrays are kept alive by the call, so their storage cannot
         be freed and given to other arrays: the same pointers are the same
         arrays (as a kvstore passes them: new handles to its own buffers, which
-        were allocated when the plan was made).
+        were allocated when their pointers were noted).
         """
         pointers = self.pointers
         return (

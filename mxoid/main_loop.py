@@ -366,6 +366,7 @@ class MainLoop:
                         break
                     # As Module.fit: every device ends the epoch with the same model.
                     self.manager.reconcile_aux_states()
+                    self.update.settle_buffers(self.synchronize)
                     status.epoch_started = False
                     status.epochs_done += 1
                     self.log.epoch_ends.append(status.iterations_done)

@@ -461,6 +461,18 @@ class Update:
 
             self.step = step
 
+    def settle_buffers(self, synchronize: Callable[[], None]) -> None:
+        """Let the kvstore's updater reuse its prepared calls (see ``FusedUpdater``).
+
+        When it has buffers to settle, wait for the engine (``synchronize``)
+        and note them: once at the end of the first epoch, and again after
+        new plans (new optimizer states from a checkpoint).
+        """
+        updater = getattr(self.kvstore, "_updater", None) if self.update_on_kvstore else None
+        if getattr(updater, "buffers_to_settle", False):
+            synchronize()
+            updater.settle_buffers()
+
     def _states_updater(self) -> Optional[mx.optimizer.Updater]:
         """Return the updater holding the optimizer states here; None when the servers hold them."""
         if self.update_on_kvstore:

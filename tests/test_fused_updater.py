@@ -3,8 +3,9 @@
 import mxnet as mx
 import numpy as np
 import pytest
-from conftest import mlp
+from conftest import TWO_CPUS, classification_data, initial_params, mlp
 
+from mxoid import Extension, FinishAfter, MainLoop
 from mxoid.fused_updater import FusedSGDUpdater, FusedUpdater, fused_kernel
 
 NAMES = ["fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"]
@@ -226,11 +227,14 @@ def kvstore_training(updater, steps=5):
         grads.append([mx.nd.zeros(shape, ctx=c) for c in contexts])
         kvstore.init(key, weights[key][0])
     kvstore._set_updater(updater)
-    for _ in range(steps):
+    for step in range(steps):
         for key, shape in enumerate(SHAPES):
             for grad in grads[key]:  # the same arrays every step, as an executor's
                 grad[:] = rng.uniform(-1, 1, shape)
             kvstore.pushpull(key, grads[key], out=weights[key])
+        if step == 0 and isinstance(updater, FusedUpdater):  # as the loop at an epoch end
+            mx.nd.waitall()
+            updater.settle_buffers()
     return [[w.asnumpy() for w in pair] for pair in weights]
 
 
@@ -292,9 +296,12 @@ def test_a_fresh_kvstores_lazily_allocated_buffers_are_not_raced():
         for key, pair in enumerate(weights):
             kvstore.init(key, pair[0])  # a copy into a buffer allocated when it runs
         kvstore._set_updater(updater)
-        for _ in range(2):
+        for step in range(3):
             for key, pair in enumerate(weights):
                 kvstore.pushpull(key, grads[key], out=pair)
+            if step == 0 and isinstance(updater, FusedUpdater):
+                mx.nd.waitall()
+                updater.settle_buffers()
         return [pair[1].asnumpy() for pair in weights]
 
     expected = train(mx.optimizer.get_updater(make_optimizer()))
@@ -303,3 +310,51 @@ def test_a_fresh_kvstores_lazily_allocated_buffers_are_not_raced():
             train(FusedUpdater(make_optimizer(), kvstore_buffers=True)), expected
         ):
             np.testing.assert_array_equal(ours, theirs)
+
+
+def test_kvstore_buffers_are_used_only_once_settled():
+    """Until settle_buffers (after a wait for the engine), every call after the first takes the
+    mx.nd kernel: nothing reads the pointers of buffers the engine may not have allocated."""
+    updater = FusedUpdater(make_optimizer(), kvstore_buffers=True)
+    updater._function = counting = CountingKernel(updater._function)
+    kvstore_training(CallsOnly(updater), steps=3)
+    assert counting.calls == 2 * len(SHAPES) and updater.buffers_to_settle
+    mx.nd.waitall()
+    updater.settle_buffers()
+    assert not updater.buffers_to_settle
+
+
+class CallsOnly:
+    """An updater that forwards to another (so kvstore_training does not settle it)."""
+
+    def __init__(self, updater):
+        self.updater = updater
+
+    def __call__(self, *args):
+        self.updater(*args)
+
+
+def test_the_loop_settles_the_kvstore_buffers_after_its_first_epoch():
+    X, y = classification_data(n=100)
+    net = mlp()
+    counted = []
+
+    class Count(Extension):
+        def after_epoch(self):
+            counted.append(counting.calls)
+
+    loop = MainLoop(
+        net,
+        mx.io.NDArrayIter(X, y, batch_size=20, label_name="softmax_label"),
+        contexts=TWO_CPUS,
+        arg_params=initial_params(net, (20, 10)),
+        optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
+        extensions=[FinishAfter(after_n_epochs=3), Count()],
+    )
+    updater = loop.kvstore._updater
+    assert isinstance(updater, FusedUpdater) and updater.kvstore_buffers
+    updater._function = counting = CountingKernel(updater._function)
+    loop.run()
+    keys = len(loop.manager.param_names)
+    assert counted == [4 * keys, 4 * keys, 4 * keys]  # epochs 2 and 3: prepared calls only
+    assert not updater.buffers_to_settle
