@@ -170,9 +170,12 @@ class ProgressBar(Extension):
     MXNet's engine computes batches after the loop has handed them over, so a
     count of batches handed over runs ahead of the work. The bar counts a batch
     once its outputs are computed: it keeps at most :attr:`in_flight` batches
-    handed over but not counted (waiting for the oldest when there are more,
-    which also bounds how far the loop runs ahead of the engine), and the count
-    is never more than :attr:`in_flight` batches behind the loop.
+    handed over but not counted, and when there are more, waits until all but
+    half of them are computed (which also bounds how far the loop runs ahead of
+    the engine); the count is never more than :attr:`in_flight` batches behind
+    the loop. Waiting in groups, not for every batch, spares the loop most of
+    the waits: a wait that blocks costs the Python thread 70-150 us of CPU time
+    to sleep and wake up (measured on a 2-core virtual machine).
 
     The bar's length is the number of batches of the previous epoch, or
     before the first epoch ends, what the training iterator says (see
@@ -199,7 +202,7 @@ class ProgressBar(Extension):
     Attributes
     ----------
     in_flight : int
-        Class attribute: the most batches handed over and not yet counted (2).
+        Class attribute: the most batches handed over and not yet counted (8).
     computed : int
         Batches of the epoch counted so far.
 
@@ -211,7 +214,7 @@ class ProgressBar(Extension):
     """
 
     rank_zero_only = True
-    in_flight = 2
+    in_flight = 8
 
     def __init__(
         self,
@@ -241,15 +244,24 @@ class ProgressBar(Extension):
     def after_batch(self, batch: Any) -> None:
         """Count the batches computed by now (at most ``in_flight`` behind), show the records.
 
+        With more than ``in_flight`` uncounted, this waits for the batch that
+        leaves half of them in flight, and counts it and those before it (the
+        engine computes a device's batches in order).
+
         A run resumed in the middle of an epoch opens its bar here, at the
         batches already done in the epoch.
         """
         if self.bar is None:  # resumed in the middle of an epoch
             self._open(initial=self.main_loop.status.iterations_done_in_epoch - 1)
-        self._pending.append(self._token())
-        while len(self._pending) > self.in_flight:
-            self._pending.popleft().wait_to_read()
-            self._count(1)
+        pending = self._pending
+        pending.append(self._token())
+        if len(pending) > self.in_flight:
+            keep = self.in_flight // 2
+            pending[len(pending) - keep - 1].wait_to_read()
+            done = len(pending) - keep
+            for _ in range(done):
+                pending.popleft()
+            self._count(done)
         self._show_records()
 
     def after_epoch(self) -> None:
