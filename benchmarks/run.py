@@ -303,6 +303,7 @@ class Job:
         self.waited, self.load_before = 0.0, None  # --wait-quiet: seconds waited, load then
         self.result: Optional[dict] = None
         self.error: Optional[str] = None
+        self.killed = False  # by run_jobs, after --worker-timeout
 
     @property
     def cell(self):
@@ -330,7 +331,7 @@ class Job:
         self.started = time.perf_counter()
         self.process = launcher.start(spec_path)
 
-    def finish(self, alone: bool) -> None:
+    def finish(self, alone: bool, timeout: Optional[float] = None) -> None:
         """Collect the result of the ended worker; ``alone``: no other worker ran meanwhile."""
         wall = time.perf_counter() - self.started
         busy = _cpu_busy_seconds() - self.busy_before
@@ -341,12 +342,16 @@ class Job:
             "result": None,
             "error": None,
             "foreign_load": None,
+            "timed_out": self.killed,
         }
+        self.killed = False
         result_path = os.path.join(self.workdir, "result.json")
         if code != 0 or not os.path.exists(result_path):
             with open(os.path.join(self.workdir, "output.txt")) as f:
                 tail = f.read()[-3000:]
             last = [line for line in tail.splitlines() if line.strip()][-1:] or ["no output"]
+            if attempt["timed_out"]:
+                last = [f"killed after --worker-timeout {timeout:g} s (hung)"]
             attempt["error"] = f"worker exited with status {code}: {last[0]}\n{tail}"
         else:
             with open(result_path) as f:
@@ -390,7 +395,10 @@ def run_jobs(
     quiet_wait: float = 0.0,
     max_load: Optional[float] = None,
     retries: int = 0,
+    worker_timeout: Optional[float] = None,
 ) -> None:
+    """Run the jobs, ``parallel`` at a time; a worker still running after
+    ``worker_timeout`` seconds is killed (a hung process) and run once more."""
     pending, running, done = list(jobs), [], 0
     try:
         while pending or running:
@@ -400,6 +408,11 @@ def run_jobs(
                     job.waited, job.load_before = wait_for_quiet(quiet_wait)
                 job.start(launcher)
                 running.append(job)
+            if worker_timeout is not None:
+                for job in running:
+                    if time.perf_counter() - job.started > worker_timeout and not job.killed:
+                        job.killed = True
+                        job.process.kill()
             finished = [j for j in running if _exit_code(j.process) is not None]
             if not finished:
                 time.sleep(0.02)
@@ -408,8 +421,10 @@ def run_jobs(
                 running.remove(job)
                 if not isinstance(job.process, subprocess.Popen):
                     job.process.join()
-                job.finish(alone=parallel == 1)
-                again = job.disturbed(max_load) and len(job.attempts) <= retries
+                job.finish(alone=parallel == 1, timeout=worker_timeout)
+                again = (job.disturbed(max_load) and len(job.attempts) <= retries) or (
+                    job.attempts[-1]["timed_out"] and len(job.attempts) < 2
+                )
                 if not quiet:
                     note = f" -> again (attempt {len(job.attempts) + 1})" if again else ""
                     print(
@@ -986,6 +1001,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="the folder holding the mxoid package the workers import "
         "(default: this checkout), e.g. a git worktree of another commit",
     )
+    parser.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="kill a worker still running after SECONDS (a hung process: a FeedForward "
+        "worker deadlocked once here) and run it once more (default 600)",
+    )
     parser.add_argument("--no-micro", action="store_true", help="skip the micro-benchmark")
     parser.add_argument("--keep", action="store_true", help="keep the workers' folders")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -1049,6 +1072,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.wait_quiet,
             args.max_load,
             args.retries,
+            args.worker_timeout,
         )
         jobs.sort(key=lambda j: (cells.index(j.cell), contenders.index(j.contender), j.repeat))
         rows = analyse(jobs, contenders)
@@ -1096,6 +1120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "nice": args.nice,
                 "max_load": args.max_load,
                 "retries": args.retries,
+                "worker_timeout": args.worker_timeout,
                 "workers": "fresh interpreters" if args.spawn else "forked from a fork server",
             },
             "mxnet": next((j.result["mxnet"] for j in jobs if j.result), None),

@@ -192,3 +192,22 @@ def test_targets_of_every_optimizer_cell(report):
                 else entry["measured"] >= entry["limit"]
             )
     assert benchmark.format_measured(found[target]).endswith("x")
+
+
+class SleepingLauncher:
+    """Starts a real process that hangs, as a deadlocked worker does."""
+
+    def start(self, spec_path):
+        folder = os.path.dirname(spec_path)
+        open(os.path.join(folder, "output.txt"), "w").close()
+        return subprocess.Popen(["sleep", "60"], cwd=folder)
+
+
+def test_a_hung_worker_is_killed_after_the_timeout_and_run_once_more(tmp_path):
+    job = benchmark.Job("hand", "mlp", 32, 1, 64, 2, str(tmp_path), 0)
+    started = benchmark.time.perf_counter()
+    benchmark.run_jobs([job], 1, SleepingLauncher(), quiet=True, worker_timeout=0.5)
+    assert benchmark.time.perf_counter() - started < 10
+    assert [a["timed_out"] for a in job.attempts] == [True, True]
+    assert "killed after --worker-timeout 0.5 s (hung)" in job.error
+    assert job.result is None
