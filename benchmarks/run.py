@@ -90,6 +90,10 @@ MODES = {
     "full": {
         "cells": ALL_CELLS,
         "samples": {"mlp": 16384, "lenet": 2048},
+        # Adam cells: after about 1,400 steps on this easy data every contender, the
+        # hand loop too, slows down 3-10x as the loss nears zero (denormal numbers,
+        # most likely), which would time the CPU's arithmetic, not the loops.
+        "adam_samples": 4096,
         "timed_epochs": 5,
         "contenders": ALL_CONTENDERS,
         "parallel": 1,
@@ -103,6 +107,7 @@ MODES = {
             ("mlp", 32, 1, "adam"),
         ),
         "samples": {"mlp": 4096, "lenet": 512},
+        "adam_samples": 4096,
         "timed_epochs": 3,
         "contenders": tuple(c for c in ALL_CONTENDERS if c != "hand_stock_updater"),
         "parallel": 1,
@@ -116,6 +121,7 @@ MODES = {
             ("mlp", 32, 2, "adam"),
         ),
         "samples": {"mlp": 256, "lenet": 256},
+        "adam_samples": 256,
         "timed_epochs": 2,
         "contenders": ALL_CONTENDERS,
         "parallel": 2,
@@ -1041,6 +1047,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(str(error))
     timed = args.timed_epochs or config["timed_epochs"]
     samples = {m: args.samples or n for m, n in config["samples"].items()}
+    adam_samples = args.samples or config["adam_samples"]
     mxoid_root = os.path.abspath(args.mxoid)
     if not os.path.isfile(os.path.join(mxoid_root, "mxoid", "__init__.py")):
         parser.error(f"--mxoid {args.mxoid}: no mxoid/__init__.py there")
@@ -1059,7 +1066,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.perf_counter()
     try:
         jobs = [
-            Job(contender, model, batch, contexts, samples[model], 1 + timed, root, r, optimizer)
+            Job(
+                contender,
+                model,
+                batch,
+                contexts,
+                adam_samples if optimizer == "adam" else samples[model],
+                1 + timed,
+                root,
+                r,
+                optimizer,
+            )
             for r in range(args.repeat)
             for (model, batch, contexts, optimizer) in cells
             for contender in contenders
@@ -1112,6 +1129,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "settings": {
                 "cells": [list(c) for c in cells],
                 "samples_per_epoch": samples,
+                "adam_samples_per_epoch": adam_samples,
                 "timed_epochs": timed,
                 "warmup_epochs": 1,
                 "repeat": args.repeat,
