@@ -1,14 +1,15 @@
 """mxoid's Evaluate against Module.score: the same metrics on the same iterator.
 
 The MLP 784-128-64-10 (``SoftmaxOutput`` named ``softmax``), one parameter
-set (trained for 8 batches of 64 by ``mxoid.MainLoop`` from the benchmark's
+set (trained for 8 batches of 50 by ``mxoid.MainLoop`` from the benchmark's
 fixed initial parameters: accuracy about 0.6) shared by both contenders, 10000
-synthetic MNIST-shaped samples in one ``NDArrayIter`` (no shuffling), batch 100
-and 500, on one CPU.
+synthetic MNIST-shaped samples in one ``NDArrayIter`` (no shuffling), batch 50
+(the training batch size), 100 and 500, on one CPU.
 
 - **mxoid**: ``Evaluate({'valid': iterator}, metrics)`` attached to a
-  ``MainLoop`` holding the parameters (its training iterator has batch 64, so
-  Evaluate binds its own executors for the evaluation batch, once), and
+  ``MainLoop`` holding the parameters (its training iterator has batch 50;
+  Evaluate binds its own executors for each evaluation batch size, the
+  training one too, once), and
   ``evaluate()`` called on it: the metrics are summed on the device, read
   back once per evaluation.
 - **Module**: ``mx.mod.Module(symbol)``, ``bind(data_shapes=it.provide_data,
