@@ -31,13 +31,8 @@ import numpy as np
 
 # run.py puts the thread settings in the environment; a worker started by
 # hand gets the same defaults before MXNet reads them at import.
-THREAD_SETTINGS = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MXNET_CPU_WORKER_NTHREADS": "1",
-    "MXNET_SUBGRAPH_VERBOSE": "0",
-}
+from run import THREAD_SETTINGS  # noqa: E402  (run.py imports no MXNet)
+
 for _name, _value in THREAD_SETTINGS.items():
     os.environ.setdefault(_name, _value)
 

@@ -379,24 +379,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print()
         print(format_summary(measured["cases"]))
 
-    standalone.write_report(
+    return standalone.finish(
         NAME,
         args,
         load,
         {
-            "settings": {
-                "batch_size": BATCH,
-                "optimizer_params": OPTIMIZER_PARAMS,
-                "depth": DEPTH,
-                "from_numpy": args.from_numpy,
-                "target": TARGET,
-                **settings,
-            },
-            "results": measured,
-            "correctness": {"checked": bool(args.check), "ok": not failures, "failures": failures},
+            "batch_size": BATCH,
+            "optimizer_params": OPTIMIZER_PARAMS,
+            "depth": DEPTH,
+            "from_numpy": args.from_numpy,
+            "target": TARGET,
+            **settings,
         },
+        measured,
+        failures,
+        checked=bool(args.check),
     )
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":

@@ -130,14 +130,14 @@ MODES = {
 }
 # Every worker gets these, whatever the parent's environment says; other MXNET_*
 # variables of the parent are passed on and recorded.
-WORKER_ENV = {
+THREAD_SETTINGS = {  # also what contenders.py and the standalone benchmarks set
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "MXNET_CPU_WORKER_NTHREADS": "1",
     "MXNET_SUBGRAPH_VERBOSE": "0",
-    "PYTHONHASHSEED": "0",
 }
+WORKER_ENV = {**THREAD_SETTINGS, "PYTHONHASHSEED": "0"}
 RTOL, ATOL = 1e-5, 1e-6
 # MXNet's stock updater runs plain SGD through its multi-tensor kernel
 # (multi_sgd_update), which rounds differently from sgd_update, the kernel of the

@@ -15,16 +15,10 @@ import os
 import time
 from typing import Any, Dict
 
-THREAD_SETTINGS = {
-    "OMP_NUM_THREADS": "1",
-    "MKL_NUM_THREADS": "1",
-    "OPENBLAS_NUM_THREADS": "1",
-    "MXNET_CPU_WORKER_NTHREADS": "1",
-    "MXNET_SUBGRAPH_VERBOSE": "0",
-}
-os.environ.update(THREAD_SETTINGS)
+import run as runner  # machine_info, the CPU counters, the thread settings; no MXNet
 
-import run as runner  # noqa: E402  (machine_info, the CPU counters; it imports no MXNet)
+THREAD_SETTINGS = runner.THREAD_SETTINGS
+os.environ.update(THREAD_SETTINGS)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -92,3 +86,39 @@ def write_report(
         json.dump(report, f, indent=1)
     print(f"results written to {path}")
     return path
+
+
+def finish(
+    name: str,
+    args: argparse.Namespace,
+    load: OtherLoad,
+    settings: Dict[str, Any],
+    results: Any,
+    failures: list,
+    checked: bool = True,
+    **correctness: Any,
+) -> int:
+    """Write the report (settings, results, the correctness check); print the failures.
+
+    Return the exit status: 1 when a correctness check failed (speed never changes it).
+    """
+    write_report(
+        name,
+        args,
+        load,
+        {
+            "settings": settings,
+            "results": results,
+            "correctness": {
+                "checked": checked,
+                "ok": not failures,
+                "failures": failures,
+                **correctness,
+            },
+        },
+    )
+    if failures:
+        print("Correctness: FAILED")
+        for failure in failures:
+            print(f"  {failure}")
+    return 1 if failures else 0

@@ -338,29 +338,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             )
     print()
     print(format_table(results))
-    standalone.write_report(
+    return standalone.finish(
         NAME,
         args,
         load,
         {
-            "settings": {
-                "width": WIDTH,
-                "batch_size": BATCH,
-                "resnet": {
-                    "batch_size": RESNET_BATCH,
-                    "input_shape": [3, RESNET_SIDE, RESNET_SIDE],
-                },
-                "optimizer": PARAMS,
-                "target_us_per_array": TARGET_US_PER_ARRAY,
-                **settings,
-            },
-            "results": results,
-            "correctness": {"checked": True, "ok": not failures, "failures": failures},
+            "width": WIDTH,
+            "batch_size": BATCH,
+            "resnet": {"batch_size": RESNET_BATCH, "input_shape": [3, RESNET_SIDE, RESNET_SIDE]},
+            "optimizer": PARAMS,
+            "target_us_per_array": TARGET_US_PER_ARRAY,
+            **settings,
         },
+        results,
+        failures,
     )
-    for failure in failures:
-        print(f"  {failure}")
-    return 1 if failures else 0
 
 
 def format_table(results: List[dict]) -> str:

@@ -330,25 +330,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print("CPU: the Python thread's time.thread_time()); x: stock / fused, above 1 = fused faster")
     print(format_table(results))
 
-    standalone.write_report(
+    return standalone.finish(
         NAME,
         args,
         load,
         {
-            "settings": {
-                "optimizers": {k: {"name": v[0], **COMMON, **v[1]} for k, v in OPTIMIZERS.items()},
-                **settings,
-            },
-            "results": results,
-            "correctness": {
-                "checked": bool(args.check),
-                "ok": not failures,
-                "failures": failures,
-                "cases": checks,
-            },
+            "optimizers": {k: {"name": v[0], **COMMON, **v[1]} for k, v in OPTIMIZERS.items()},
+            **settings,
         },
+        results,
+        failures,
+        checked=bool(args.check),
+        cases=checks,
     )
-    return 1 if failures else 0
 
 
 if __name__ == "__main__":
