@@ -315,7 +315,9 @@ class DataParallelExecutorManager:
         self._evaluation_managers: Dict[tuple, DataParallelExecutorManager] = {}
         self._next_pass: Optional[List[mx.executor.Executor]] = None
         self._grads_by_device: Optional[List[List[mx.nd.NDArray]]] = None
-        self._copies: Optional[Dict[int, List[PreparedCopy]]] = None  # by id of the targets
+        # One prepared copy per input array and device, into its executor's array.
+        self._data_copies = [[PreparedCopy(t) for t in ts] for ts in self._data_targets]
+        self._label_copies = [[PreparedCopy(t) for t in ts] for ts in self._label_targets]
 
     # ------------------------------------------------------------------ binding
     def _check_input_names(self) -> None:
@@ -458,41 +460,40 @@ class DataParallelExecutorManager:
         ``labels=False`` copies the data only (inference: a forward pass with
         ``is_train=False`` does not read the labels).
         """
-        self._load(batch.data, self._data_targets)
+        self._load(batch.data, self._data_targets, self._data_copies)
         if labels and self._label_targets:
             if not batch.label:
                 raise ValueError(f"the batch has no label but the symbol needs {self.label_names}")
-            self._load(batch.label, self._label_targets)
+            self._load(batch.label, self._label_targets, self._label_copies)
         pad = batch.pad or 0
         if pad != self._pad:
             self._pad = pad
             real = self.batch_size - pad
             self.valid_rows = [max(0, min(s.stop, real) - s.start) for s in self.slices]
 
-    def _load(self, sources: Sequence[mx.nd.NDArray], targets: List[List[mx.nd.NDArray]]) -> None:
+    def _load(
+        self,
+        sources: Sequence[mx.nd.NDArray],
+        targets: List[List[mx.nd.NDArray]],
+        copies: List[List[PreparedCopy]],
+    ) -> None:
         """Copy each source (its slice per device) into its targets, as ``copyto`` does.
 
-        Dense NDArrays take copies prepared once per target
+        Dense NDArrays take the copies prepared per target
         (:class:`~mxoid.invoke.PreparedCopy`); other sources ``copyto`` itself.
         """
-        copies = self._copies
-        if copies is None:
-            copies = self._copies = {
-                id(device_targets): [PreparedCopy(target) for target in device_targets]
-                for device_targets in self._data_targets + self._label_targets
-            }
         ndarray = mx.nd.NDArray
         if self._single:
-            for source, device_targets in zip(sources, targets):
+            for source, device_targets, (copy,) in zip(sources, targets, copies):
                 if type(source) is ndarray:
-                    copies[id(device_targets)][0](source)
+                    copy(source)
                 else:
                     source.copyto(device_targets[0])
             return
         slices = self.slices
-        for source, device_targets in zip(sources, targets):
+        for source, device_targets, device_copies in zip(sources, targets, copies):
             if type(source) is ndarray:
-                for slc, copy in zip(slices, copies[id(device_targets)]):
+                for slc, copy in zip(slices, device_copies):
                     copy(source._slice(slc.start, slc.stop))  # what source[slc] returns
             else:
                 for slc, target in zip(slices, device_targets):

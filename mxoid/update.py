@@ -468,7 +468,7 @@ class Update:
         and note them: once at the end of the first epoch, and again after
         new plans (new optimizer states from a checkpoint).
         """
-        updater = getattr(self.kvstore, "_updater", None) if self.update_on_kvstore else None
+        updater = self._states_updater() if self.update_on_kvstore else None
         if getattr(updater, "buffers_to_settle", False):
             synchronize()
             updater.settle_buffers()
