@@ -13,7 +13,8 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import mxnet as mx
 import numpy as np
 
-from .checkpoint import CheckpointContents, CheckpointError, ResumeError, find_checkpoint
+from .checkpoint import CheckpointContents, CheckpointError, find_checkpoint
+from .checkpoint.compatibility import check_resumable
 from .checkpoint.data_position import DataPosition
 from .checkpoint.random_state import get_random_states, set_random_states
 from .distributed.servers import is_distributed
@@ -29,7 +30,7 @@ from .extensions.base import Extension
 from .extensions.dispatch import HookDispatcher, check_extensions
 from .extensions.monitoring import private_heads
 from .extensions.saveload import Checkpoint
-from .initialization import initial_params, parameter_shapes, shape_differences
+from .initialization import initial_params
 from .interrupt import (
     InterruptHandlers,
     cut_short,
@@ -241,7 +242,15 @@ class MainLoop:
             checkpoint = find_checkpoint(
                 resume_from,
                 [e.directory for e in self.extensions if isinstance(e, Checkpoint)],
-                lambda contents: self._check_checkpoint(contents, on_kvstore),
+                lambda contents: check_resumable(
+                    contents,
+                    self.symbol,
+                    self.manager,
+                    self.data_position,
+                    update_on_kvstore=on_kvstore,
+                    accumulate_batches=self.accumulate_batches,
+                    states_on_servers=self._collective and on_kvstore,
+                ),
             )
             if checkpoint is not None:
                 arg_params, aux_params = checkpoint.arg_params, checkpoint.aux_params
@@ -687,8 +696,9 @@ class MainLoop:
         position and random states (the parameters are set at construction).
 
         What must match was checked when the checkpoint was chosen (see
-        :meth:`_check_checkpoint`); optimizer settings given to this loop that
-        differ from those the run started with win, with a warning each.
+        :func:`~mxoid.checkpoint.compatibility.check_resumable`); optimizer
+        settings given to this loop that differ from those the run started with
+        win, with a warning each.
         """
         state = checkpoint.loop_state
         if checkpoint.optimizer_states is not None:
@@ -744,67 +754,6 @@ class MainLoop:
             for device, grad in enumerate(grads):
                 if grad is not None:
                     gradients[f"{device}:{name}"].copyto(grad)
-
-    def _check_checkpoint(self, contents: CheckpointContents, update_on_kvstore: bool) -> None:
-        """Raise when ``contents`` cannot resume this loop.
-
-        :class:`ResumeError` when it is of another training (the network,
-        devices, where the optimizer runs, the batch size, the data);
-        :class:`CheckpointError` when it lacks something its own network
-        needs (it is damaged: an earlier checkpoint is tried).
-        """
-        where = contents.path
-        manager = self.manager
-        inputs = {d.name: tuple(d.shape) for d in manager.data_descs + manager.label_descs}
-        ours = parameter_shapes(self.symbol, inputs)
-        try:
-            theirs = parameter_shapes(mx.sym.load_json(contents.symbol_json), inputs)
-        except mx.base.MXNetError:
-            raise ResumeError(
-                f"checkpoint {where} was saved from another network: its symbol "
-                "does not take this loop's inputs. Resume with the network it was "
-                "trained with, or start a new run from its parameters"
-            ) from None
-        if theirs != ours:
-            raise ResumeError(
-                f"checkpoint {where} was saved from another network ("
-                f"{shape_differences({**ours[0], **ours[1]}, {**theirs[0], **theirs[1]})}"
-                "). Resume with the network it was trained with, or start a new "
-                "run from its parameters (MainLoop(..., arg_params=...))"
-            )
-        for kind, saved, expected in (
-            ("parameter", contents.arg_params, ours[0]),
-            ("auxiliary state", contents.aux_params, ours[1]),
-        ):
-            missing = sorted(set(expected) - set(saved))
-            wrong = sorted(
-                n for n in set(expected) & set(saved) if tuple(saved[n].shape) != expected[n]
-            )
-            if missing or wrong:
-                raise CheckpointError(
-                    f"checkpoint {where} is damaged: its {kind}s {missing} "
-                    f"are missing, {wrong} have other shapes than its network's"
-                )
-        state = contents.loop_state
-        for key, here in (
-            ("num_devices", len(self.contexts)),
-            ("update_on_kvstore", update_on_kvstore),
-            ("batch_size", manager.batch_size),
-            ("accumulate_batches", self.accumulate_batches),
-        ):
-            if key in state and state[key] != here:
-                raise ResumeError(
-                    f"checkpoint {where} was saved with {key}={state[key]}, this "
-                    f"loop has {key}={here}; exact resumption needs the same. "
-                    "Resume with the same setting, or start a new run from the "
-                    "checkpoint's parameters (MainLoop(..., arg_params=...))"
-                )
-        if contents.optimizer_states is None and not (self._collective and update_on_kvstore):
-            raise CheckpointError(
-                f"checkpoint {where} is damaged: it lacks optimizer.states "
-                "(the momentum and update counts)"
-            )
-        self.data_position.check(state["data_position"], where)
 
     # -------------------------------------------------------------- profile
     def profile(self) -> List[tuple]:

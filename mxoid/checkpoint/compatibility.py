@@ -1,0 +1,90 @@
+"""Whether a checkpoint can resume a loop: the same training, and nothing of it missing.
+
+``MainLoop`` asks it of each checkpoint :func:`~mxoid.checkpoint.find_checkpoint`
+considers, newest first: a :class:`ResumeError` stops the search (the checkpoint
+is of another training), a :class:`CheckpointError` moves on to an earlier one.
+"""
+
+from __future__ import annotations
+
+import mxnet as mx
+
+from ..executor_manager import DataParallelExecutorManager
+from ..initialization import parameter_shapes, shape_differences
+from .data_position import DataPosition
+from .format import CheckpointContents, CheckpointError, ResumeError
+
+__all__ = ["check_resumable"]
+
+
+def check_resumable(
+    contents: CheckpointContents,
+    symbol: mx.sym.Symbol,
+    manager: DataParallelExecutorManager,
+    data_position: DataPosition,
+    *,
+    update_on_kvstore: bool,
+    accumulate_batches: int,
+    states_on_servers: bool,
+) -> None:
+    """Raise when ``contents`` cannot resume the loop training ``symbol`` on ``manager``.
+
+    ``states_on_servers``: a distributed kvstore updates, so the checkpoint holds no
+    optimizer states.
+
+    :class:`ResumeError` when it is of another training (the network,
+    devices, where the optimizer runs, the batch size, the data);
+    :class:`CheckpointError` when it lacks something its own network
+    needs (it is damaged: an earlier checkpoint is tried).
+    """
+    where = contents.path
+    inputs = {d.name: tuple(d.shape) for d in manager.data_descs + manager.label_descs}
+    ours = parameter_shapes(symbol, inputs)
+    try:
+        theirs = parameter_shapes(mx.sym.load_json(contents.symbol_json), inputs)
+    except mx.base.MXNetError:
+        raise ResumeError(
+            f"checkpoint {where} was saved from another network: its symbol "
+            "does not take this loop's inputs. Resume with the network it was "
+            "trained with, or start a new run from its parameters"
+        ) from None
+    if theirs != ours:
+        raise ResumeError(
+            f"checkpoint {where} was saved from another network ("
+            f"{shape_differences({**ours[0], **ours[1]}, {**theirs[0], **theirs[1]})}"
+            "). Resume with the network it was trained with, or start a new "
+            "run from its parameters (MainLoop(..., arg_params=...))"
+        )
+    for kind, saved, expected in (
+        ("parameter", contents.arg_params, ours[0]),
+        ("auxiliary state", contents.aux_params, ours[1]),
+    ):
+        missing = sorted(set(expected) - set(saved))
+        wrong = sorted(
+            n for n in set(expected) & set(saved) if tuple(saved[n].shape) != expected[n]
+        )
+        if missing or wrong:
+            raise CheckpointError(
+                f"checkpoint {where} is damaged: its {kind}s {missing} "
+                f"are missing, {wrong} have other shapes than its network's"
+            )
+    state = contents.loop_state
+    for key, here in (
+        ("num_devices", len(manager.contexts)),
+        ("update_on_kvstore", update_on_kvstore),
+        ("batch_size", manager.batch_size),
+        ("accumulate_batches", accumulate_batches),
+    ):
+        if key in state and state[key] != here:
+            raise ResumeError(
+                f"checkpoint {where} was saved with {key}={state[key]}, this "
+                f"loop has {key}={here}; exact resumption needs the same. "
+                "Resume with the same setting, or start a new run from the "
+                "checkpoint's parameters (MainLoop(..., arg_params=...))"
+            )
+    if contents.optimizer_states is None and not states_on_servers:
+        raise CheckpointError(
+            f"checkpoint {where} is damaged: it lacks optimizer.states "
+            "(the momentum and update counts)"
+        )
+    data_position.check(state["data_position"], where)
