@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 import shutil
 import sys
-from collections import deque
 from time import perf_counter
-from typing import IO, Any, Deque, Dict, List, Optional
+from typing import IO, Any, Dict, List, Optional, Tuple
 
 import mxnet as mx
 import numpy as np
@@ -169,13 +168,19 @@ class ProgressBar(Extension):
 
     MXNet's engine computes batches after the loop has handed them over, so a
     count of batches handed over runs ahead of the work. The bar counts a batch
-    once its outputs are computed: it keeps at most :attr:`in_flight` batches
-    handed over but not counted, and when there are more, waits until all but
-    half of them are computed (which also bounds how far the loop runs ahead of
-    the engine); the count is never more than :attr:`in_flight` batches behind
-    the loop. Waiting in groups, not for every batch, spares the loop most of
-    the waits: a wait that blocks costs the Python thread 70-150 us of CPU time
-    to sleep and wake up (measured on a 2-core virtual machine).
+    once its outputs (device 0's) are computed, and catches up at most every
+    ``mininterval`` seconds, when tqdm would redraw anyway: it then waits for
+    the batch it marked at its previous catch-up, counts it and those before
+    it, and marks the current batch (a copy of one output row). Between
+    catch-ups it does not touch the engine. So the count never includes a
+    batch the engine has not computed, trails the loop by the batches handed
+    over since the previous catch-up, and the loop never runs further ahead
+    of the engine than that. Waiting rarely is what keeps the bar cheap: a
+    wait that blocks costs the Python thread 70-150 us of CPU time to sleep
+    and wake up (measured on a 2-core virtual machine), and blocking a few
+    times per epoch instead of every few batches took 60-200 us of host time
+    per batch off the MLP benchmark. ``mininterval=0`` catches up at every
+    batch (a count one batch behind the loop, and a wait per batch).
 
     The bar's length is the number of batches of the previous epoch, or
     before the first epoch ends, what the training iterator says (see
@@ -183,8 +188,10 @@ class ProgressBar(Extension):
     the bar counts batches with no total. Numeric records of the current row
     (Python or NumPy numbers; NDArrays are left out, as reading them would
     wait for the device) are shown after the bar, as many as fit the
-    terminal's width, and kept until a newer value comes. The bar is closed
-    at the end of each epoch and when training ends, fails or is interrupted.
+    terminal's width, and kept until a newer value comes. At the end of each
+    epoch the bar counts every batch and closes; it is closed too when
+    training ends, fails or is interrupted. A bar tqdm disables (not on a
+    terminal, or ``disable=True``) does not catch up during the epoch.
 
     Parameters
     ----------
@@ -194,6 +201,8 @@ class ProgressBar(Extension):
         always shows it, ``True`` never.
     file : file object, optional
         Where the bar is drawn; standard error by default.
+    mininterval : float, default 0.1
+        Seconds between catch-ups (and tqdm's redraws), as tqdm's.
     name, priority, rank_zero_only
         As for :class:`Extension`; the priority is 300 by default, so the
         bar shows the records of the other extensions. Only the worker of
@@ -201,8 +210,6 @@ class ProgressBar(Extension):
 
     Attributes
     ----------
-    in_flight : int
-        Class attribute: the most batches handed over and not yet counted (8).
     computed : int
         Batches of the epoch counted so far.
 
@@ -214,27 +221,31 @@ class ProgressBar(Extension):
     """
 
     rank_zero_only = True
-    in_flight = 8
 
     def __init__(
         self,
         *,
         disable: Optional[bool] = None,
         file: Optional[IO[str]] = None,
+        mininterval: float = 0.1,
         name: Optional[str] = None,
         priority: float = 300,
         rank_zero_only: Optional[bool] = None,
     ) -> None:
         super().__init__(name=name, priority=priority, rank_zero_only=rank_zero_only)
+        if not isinstance(mininterval, (int, float)) or mininterval < 0:
+            raise ValueError(f"mininterval must be a number of seconds >= 0, got {mininterval!r}")
         self.disable = disable
         self.file = file
+        self.mininterval = float(mininterval)
         self.bar: Optional[tqdm] = None
         self.postfix: Dict[str, str] = {}
         self.computed = 0
         self._epoch_length: Optional[int] = None
-        self._pending: Deque[mx.nd.NDArray] = deque()
+        self._caught_up = 0.0  # perf_counter() of the last catch-up (or of the bar's opening)
+        self._mark: Optional[Tuple[mx.nd.NDArray, int]] = None  # (token, batches of the epoch)
         self._tokens: List[mx.nd.NDArray] = []
-        self._copies: List[PreparedCall] = []  # first output row -> each token
+        self._copies: List[PreparedCall] = []  # first output row -> each of two tokens
         self._next_token = 0
 
     def before_epoch(self) -> None:
@@ -242,30 +253,21 @@ class ProgressBar(Extension):
         self._open(initial=0)
 
     def after_batch(self, batch: Any) -> None:
-        """Count the batches computed by now (at most ``in_flight`` behind), show the records.
-
-        With more than ``in_flight`` uncounted, this waits for the batch that
-        leaves half of them in flight, and counts it and those before it (the
-        engine computes a device's batches in order).
+        """Catch up if ``mininterval`` has passed since the last time, show the records.
 
         A run resumed in the middle of an epoch opens its bar here, at the
         batches already done in the epoch.
         """
         if self.bar is None:  # resumed in the middle of an epoch
             self._open(initial=self.main_loop.status.iterations_done_in_epoch - 1)
-        pending = self._pending
-        pending.append(self._token())
-        if len(pending) > self.in_flight:
-            keep = self.in_flight // 2
-            pending[len(pending) - keep - 1].wait_to_read()
-            done = len(pending) - keep
-            for _ in range(done):
-                pending.popleft()
-            self._count(done)
+        if self.bar.disable:  # nothing is drawn: nothing to count until the epoch ends
+            return
+        if perf_counter() - self._caught_up >= self.mininterval:
+            self._catch_up()
         self._show_records()
 
     def after_epoch(self) -> None:
-        """Count what is left, note the epoch's length for the next bar, close the bar."""
+        """Count every batch of the epoch, note its length for the next bar, close the bar."""
         self._epoch_length = self.main_loop.status.iterations_done_in_epoch
         if self.bar is not None:
             self._drain()
@@ -286,29 +288,41 @@ class ProgressBar(Extension):
         """Close the bar (without waiting for the engine, which may hold the error)."""
         self._close()
 
+    def _catch_up(self) -> None:
+        """Count up to the batch marked last time (waiting for it), then mark this one."""
+        if self._mark is not None:
+            token, batches = self._mark
+            token.wait_to_read()
+            self._count(batches - self.computed)
+        self._mark = (self._token(), self.main_loop.status.iterations_done_in_epoch)
+        self._caught_up = perf_counter()
+
     def _token(self) -> mx.nd.NDArray:
         """Return a small array the engine writes once this batch's outputs are computed."""
         if not self._tokens:
             manager = self.main_loop.manager
             first_row = manager.outputs[manager.output_names[0]][0][:1]  # a view, made once
             self._tokens = [
-                mx.nd.zeros(first_row.shape, first_row.context, first_row.dtype)
-                for _ in range(self.in_flight + 1)
+                mx.nd.zeros(first_row.shape, first_row.context, first_row.dtype) for _ in range(2)
             ]
             self._copies = [PreparedCall("_copyto", [first_row], [t]) for t in self._tokens]
         position = self._next_token
-        self._next_token = (position + 1) % len(self._tokens)
+        self._next_token = 1 - position
         self._copies[position]()
         return self._tokens[position]
 
     def _drain(self) -> None:
-        while self._pending:
-            self._pending.popleft().wait_to_read()
-            self._count(1)
+        """Wait for the loop's last batch and count every batch handed over."""
+        done = self.main_loop.status.iterations_done_in_epoch
+        if done > self.computed:
+            self._token().wait_to_read()
+            self._count(done - self.computed)
+        self._mark = None
 
     def _count(self, batches: int) -> None:
-        self.computed += batches
-        self.bar.update(batches)
+        if batches > 0:
+            self.computed += batches
+            self.bar.update(batches)
 
     def _open(self, initial: int) -> None:
         self._close()
@@ -319,10 +333,12 @@ class ProgressBar(Extension):
             initial=initial,
             file=self.file,
             disable=self.disable,
+            mininterval=self.mininterval,
             desc=f"epoch {self.main_loop.status.epochs_done + 1}",
             unit="batch",
             dynamic_ncols=True,
         )
+        self._caught_up = perf_counter()
         if self.postfix:
             self.bar.set_postfix_str(self._postfix_text(), refresh=False)
 
@@ -352,7 +368,7 @@ class ProgressBar(Extension):
         return ", ".join(shown)
 
     def _close(self) -> None:
+        self._mark = None
         if self.bar is not None:
-            self._pending.clear()
             self.bar.close()
             self.bar = None

@@ -200,35 +200,59 @@ class SlowIdentityProp(mx.operator.CustomOpProp):
 class CountWhatIsComputed(Extension):
     """After the bar: how far its count is behind the loop, and ahead of the engine."""
 
-    def __init__(self, bar):
+    def __init__(self, bar, sleep=0.0):
         super().__init__(priority=400)
-        self.bar, self.behind, self.ahead = bar, [], []
+        self.bar, self.sleep, self.behind, self.ahead, self.counts = bar, sleep, [], [], []
 
     def after_batch(self, batch):
         status = self.main_loop.status
         done_before = status.iterations_done - status.iterations_done_in_epoch
         self.behind.append(status.iterations_done - done_before - self.bar.computed)
         self.ahead.append(done_before + self.bar.computed - len(FORWARDS))
+        self.counts.append((time.perf_counter(), self.bar.computed))
+        time.sleep(self.sleep)  # a loop with host work of its own
 
 
-def test_the_progress_bar_counts_computed_batches_at_most_in_flight_behind():
+def slow_network_loop(bar, probe, epochs=2):
     data = mx.sym.Variable("data")
     slow = mx.sym.Custom(data, op_type="mxoid_slow_identity")
     net = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(slow, num_hidden=3, name="fc"), name="softmax")
     X, y = classification_data(n=200)  # 20 batches an epoch
-    bar = ProgressBar(disable=False, file=io.StringIO())
-    probe = CountWhatIsComputed(bar)
     FORWARDS.clear()
     MainLoop(
         net,
         mx.io.NDArrayIter(X, y, batch_size=10),
-        extensions=[bar, probe, FinishAfter(after_n_epochs=2)],
+        extensions=[bar, probe, FinishAfter(after_n_epochs=epochs)],
     ).run()
+
+
+def test_the_progress_bar_catching_up_at_every_batch_counts_all_but_the_last():
+    bar = ProgressBar(disable=False, file=io.StringIO(), mininterval=0)
+    probe = CountWhatIsComputed(bar)
+    slow_network_loop(bar, probe)
     assert max(probe.ahead) <= 0  # never a batch counted before the engine computed it
-    assert max(probe.behind) <= ProgressBar.in_flight == 8 and min(probe.behind) >= 0
-    assert max(probe.behind) == 8  # the loop did run ahead: the count waited for the engine
-    assert 4 in probe.behind  # a wait counts all but half of those in flight
+    assert probe.behind == [1] * 40  # each batch waits for the one before
     assert bar.computed == 20  # every batch of the epoch counted at its end
+
+
+def test_the_progress_bar_catches_up_at_most_every_mininterval_and_never_counts_ahead():
+    bar = ProgressBar(disable=False, file=io.StringIO(), mininterval=0.05)
+    probe = CountWhatIsComputed(bar, sleep=0.01)  # 20 batches: >= 0.2 s of host time
+    slow_network_loop(bar, probe, epochs=1)
+    assert max(probe.ahead) <= 0
+    catch_ups = [t for (t, c), (_, before) in zip(probe.counts[1:], probe.counts) if c != before]
+    assert len(catch_ups) >= 2  # the count moved during the epoch, not only at its end
+    assert all(b - a >= 0.05 for a, b in zip(catch_ups, catch_ups[1:]))
+    assert max(probe.behind) > 1  # between catch-ups the loop ran ahead of the count
+    assert bar.computed == 20
+
+
+def test_a_progress_bar_that_draws_nothing_counts_only_at_the_epoch_end():
+    bar = ProgressBar(disable=True, mininterval=0)
+    probe = CountWhatIsComputed(bar)
+    slow_network_loop(bar, probe, epochs=1)
+    assert [c for _, c in probe.counts] == [0] * 20  # no wait for the engine in the epoch
+    assert bar.computed == 20
 
 
 def test_the_progress_bar_stays_readable_on_a_narrow_terminal(monkeypatch):
