@@ -12,6 +12,7 @@ from .errors import clean_mxnet_message
 from .invoke import PreparedCopy
 
 __all__ = [
+    "RUNNING_SUMS_PREFIX",
     "DataParallelExecutorManager",
     "OutputArrays",
     "check_contexts",
@@ -23,6 +24,9 @@ DataDescLike = Union[mx.io.DataDesc, Tuple[str, Tuple[int, ...]]]
 ArrayLike = Union[mx.nd.NDArray, np.ndarray]
 
 _OUTPUT_SUFFIX = "_output"
+RUNNING_SUMS_PREFIX = "_mxoid_running_sums"
+"""How a private head names an argument whose gradient is a running sum (see
+:attr:`DataParallelExecutorManager.running_sums`)."""
 
 
 def output_short_name(name: str) -> str:
@@ -214,7 +218,12 @@ class DataParallelExecutorManager:
     outputs : OutputArrays
         Output name -> one array per device, filled by :meth:`forward`.
     private_outputs : list of list of NDArray
-        Per private head, one array per device.
+        Per private head, its first output, one array per device.
+    running_sums : dict of str to list of NDArray
+        A private head's arguments named ``_mxoid_running_sums...`` (see
+        :data:`RUNNING_SUMS_PREFIX`): their gradients, one array per device,
+        bound with ``grad_req='add'``, so each backward pass adds to them
+        inside the executor; never parameters, never zeroed by the manager.
     labels : dict of str to list of NDArray
         Label name -> the label slice on each device for the loaded batch.
     valid_rows : list of int
@@ -249,8 +258,18 @@ class DataParallelExecutorManager:
         self.symbol = symbol
         # What the executors run: the symbol, and the private heads after its outputs.
         self._bound_symbol = mx.sym.Group([symbol, *private_heads]) if private_heads else symbol
-        if private_heads and self._bound_symbol.list_arguments() != symbol.list_arguments():
-            raise ValueError("private heads may only read the symbol's own arrays")
+        bound_args = self._bound_symbol.list_arguments()
+        own_args = symbol.list_arguments()
+        self.running_sum_names = bound_args[len(own_args) :]
+        if bound_args[: len(own_args)] != own_args or any(
+            not name.startswith(RUNNING_SUMS_PREFIX) for name in self.running_sum_names
+        ):
+            raise ValueError(
+                "private heads may only read the symbol's own arrays (and running sums "
+                f"named {RUNNING_SUMS_PREFIX}...)"
+            )
+        if self.running_sum_names and (shared_manager is not None or not for_training):
+            raise ValueError("running sums are kept by training executors only")
         self.contexts = list(contexts)
         if not self.contexts:
             raise ValueError("contexts is empty; pass at least one, e.g. contexts=[mx.cpu()]")
@@ -297,9 +316,13 @@ class DataParallelExecutorManager:
             (name, [e.outputs[j] for e in execs]) for j, name in enumerate(self.output_names)
         )
         first = len(self.output_names)
-        self.private_outputs: List[List[mx.nd.NDArray]] = [
-            [e.outputs[first + h] for e in execs] for h in range(len(private_heads))
-        ]
+        self.private_outputs: List[List[mx.nd.NDArray]] = []
+        for head in private_heads:  # each head's first output; the others serve its sums
+            self.private_outputs.append([e.outputs[first] for e in execs])
+            first += len(head.list_outputs())
+        self.running_sums: Dict[str, List[mx.nd.NDArray]] = {
+            name: [e.grad_dict[name] for e in execs] for name in self.running_sum_names
+        }
         self.labels: Dict[str, List[mx.nd.NDArray]] = {
             n: [e.arg_dict[n] for e in execs] for n in self.label_names
         }
@@ -350,6 +373,8 @@ class DataParallelExecutorManager:
         """
         if not self.for_training or name in inputs or name in self.fixed_param_names:
             return "null"
+        if name in self.running_sum_names:
+            return "add"
         return self.grad_req
 
     def _input_shapes(self, device: int) -> Tuple[Dict[str, tuple], Dict[str, np.dtype]]:
@@ -363,6 +388,7 @@ class DataParallelExecutorManager:
         try:
             if self.shared_manager is None:
                 grad_req = {n: self._grad_req(n, shapes) for n in self.arg_names}
+                grad_req.update({n: self._grad_req(n, shapes) for n in self.running_sum_names})
                 return self._bound_symbol.simple_bind(
                     ctx, grad_req=grad_req, type_dict=types, **shapes
                 )
@@ -556,7 +582,10 @@ class DataParallelExecutorManager:
                     ctx,
                     args=executor.arg_dict,
                     args_grad=grads,
-                    grad_req={n: (self.grad_req if n in grads else "null") for n in self.arg_names},
+                    grad_req={
+                        n: (self._grad_req(n, {}) if n in grads else "null")
+                        for n in self.arg_names + self.running_sum_names
+                    },
                     aux_states=executor.aux_dict,
                     shared_exec=executor,
                 )

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 import mxnet as mx
 
-from ..executor_manager import output_short_name, split_batch
+from ..executor_manager import RUNNING_SUMS_PREFIX, output_short_name, split_batch
 from ..metrics import (
     Metric,
     MetricAccumulator,
@@ -299,8 +299,10 @@ class TrainingMonitoring(_MetricsExtension):
     After every batch the metrics are added to running sums on the devices
     (no ``asnumpy``): the training executors compute each row's values in the
     training graph itself (behind ``BlockGrad``, in outputs private to mxoid:
-    the symbol, ``manager.outputs`` and checkpoints are unchanged), and one
-    array addition per device is left; the sums are read,
+    the symbol, ``manager.outputs`` and checkpoints are unchanged), and the
+    backward pass adds them to running sums, gradients of an argument private
+    to mxoid bound with ``grad_req='add'``: the host queues nothing per
+    batch (a padded batch takes its padding rows back out). The sums are read,
     written as records and reset only when the extension fires: at the end of
     each epoch and, with ``every_n_batches``, every N batches. Each write
     covers the batches since the previous write (or the start of training).
@@ -344,12 +346,15 @@ class TrainingMonitoring(_MetricsExtension):
         super().__init__(metrics, every_n_batches=every_n_batches, **kwargs)
         self.accumulator: Optional[MetricAccumulator] = None
         self._records: List[str] = []
+        self._running_sums: Optional[str] = None  # the name of its head's running sums
 
     def _bind(self, loop: MainLoop) -> None:
         bound = self._metrics_on_outputs(loop)
         self._records = _record_names("train", bound, len(loop.manager.output_names) == 1)
+        head = loop.private_outputs(self)
+        running_sums = loop.manager.running_sums.get(self._running_sums) if head else None
         try:
-            self.accumulator = MetricAccumulator(loop.manager, bound, loop.private_outputs(self))
+            self.accumulator = MetricAccumulator(loop.manager, bound, head, running_sums)
         except ValueError as error:
             raise ValueError(f"{self.name}: {error}") from None
 
@@ -359,20 +364,23 @@ class TrainingMonitoring(_MetricsExtension):
         label_names: Sequence[str],
         input_shapes: Dict[str, Tuple[int, ...]],
         rows_per_device: Sequence[int],
+        running_sums: Optional[str] = None,
     ) -> Optional[mx.sym.Symbol]:
         """Return the head that computes this extension's per-row values in the training graph.
 
         The loop binds it with the training executors (see
-        :func:`mxoid.metrics.per_row_head`); None when none can be built here
-        (no device metric, or metrics the outputs do not fit: attaching then
-        says why).
+        :func:`mxoid.metrics.per_row_head`), with ``running_sums`` the name of
+        the head's argument whose gradient the backward passes add the values
+        to; None when no head can be built here (no device metric, or metrics
+        the outputs do not fit: attaching then says why).
         """
         output_names = [output_short_name(n) for n in symbol.list_outputs()]
         try:
             bound = _bind_outputs(self._keyed, self._parsed, output_names)
         except ValueError:
             return None
-        return per_row_head(symbol, bound, label_names, input_shapes, rows_per_device)
+        self._running_sums = running_sums
+        return per_row_head(symbol, bound, label_names, input_shapes, rows_per_device, running_sums)
 
     def after_batch(self, batch: Any) -> None:
         """Add the batch to the running sums (no host sync), then fire if a condition holds."""
@@ -417,7 +425,10 @@ def private_heads(
     heads = []
     for extension in extensions:
         if isinstance(extension, TrainingMonitoring):
-            head = extension.private_head(symbol, label_names, shapes, rows_per_device)
+            running_sums = f"{RUNNING_SUMS_PREFIX}{len(heads)}"
+            head = extension.private_head(
+                symbol, label_names, shapes, rows_per_device, running_sums
+            )
             if head is not None:
                 heads.append((extension, head))
     return heads

@@ -37,7 +37,8 @@ class MetricAccumulator:
     no host synchronization for :class:`DeviceMetric` (the operator graphs
     and every array are made here, once). Given ``head``, the manager's
     private outputs of a :func:`per_row_head`, the executors have computed the
-    per-row values already and one addition per device is left.
+    per-row values already and one addition per device is left; given
+    ``running_sums`` too, the backward passes add them and nothing is left.
     :meth:`values` reads the sums.
 
     Parameters
@@ -49,6 +50,12 @@ class MetricAccumulator:
     head : list of NDArray, optional
         Per device, the ``(rows, device metrics)`` values of :func:`per_row_head`
         for these metrics, filled by each forward pass.
+    running_sums : list of NDArray, optional
+        With ``head``: per device, the gradient of the head's running sums
+        (:attr:`DataParallelExecutorManager.running_sums`), to which each
+        backward pass adds the values. :meth:`update` then queues nothing
+        for a batch without padding, and takes the padding rows back out of
+        a padded one.
 
     Attributes
     ----------
@@ -71,7 +78,10 @@ class MetricAccumulator:
         manager: DataParallelExecutorManager,
         metrics: Sequence[Tuple[str, Metric]],
         head: Optional[Sequence[mx.nd.NDArray]] = None,
+        running_sums: Optional[Sequence[mx.nd.NDArray]] = None,
     ) -> None:
+        if running_sums is not None and head is None:
+            raise ValueError("running sums come with the head whose values they add")
         self.manager = manager
         self.metrics: List[Metric] = []
         self.rows = 0
@@ -99,14 +109,16 @@ class MetricAccumulator:
         self._head: Optional[List[mx.nd.NDArray]] = None
         self._head_sums: List[mx.nd.NDArray] = []
         self._head_adds: List[PreparedCall] = []
+        self._running = running_sums is not None
         if device_entries:
-            self._bind_devices(device_entries, head)
+            self._bind_devices(device_entries, head, running_sums)
         self._parity = 0
 
     def _bind_devices(
         self,
         entries: List[Tuple[int, DeviceMetric, str, str]],
         head: Optional[Sequence[mx.nd.NDArray]] = None,
+        running_sums: Optional[Sequence[mx.nd.NDArray]] = None,
     ) -> None:
         manager = self.manager
         outputs = sorted({output for _, _, output, _ in entries})
@@ -142,6 +154,15 @@ class MetricAccumulator:
                         f"on device {device}, not ({rows}, {len(entries)})"
                     )
                 self._head = list(head)
+                if running_sums is not None:  # the backward pass adds the values
+                    sums = running_sums[device]
+                    if tuple(sums.shape) != tuple(head[device].shape):
+                        raise ValueError(
+                            f"the running sums have shape {tuple(sums.shape)} on device "
+                            f"{device}, the values {tuple(head[device].shape)}"
+                        )
+                    self._head_sums.append(sums)
+                    continue
                 sums = mx.nd.zeros((rows, len(entries)), ctx, dtype="float64")
                 self._head_sums.append(sums)
                 # sums += values, as NDArray's += does it, prepared once.
@@ -206,13 +227,21 @@ class MetricAccumulator:
         self.rows += manager.batch_size - pad
 
     def _add_head(self, pad: int) -> None:
-        """Add the executors' per-row values: one addition per device (two with padding)."""
+        """Add the executors' per-row values: one addition per device (two with padding).
+
+        With running sums the backward pass has added every row: a padded
+        batch's padding rows are taken back out.
+        """
         if not pad:
             for add in self._head_adds:
                 add()
             return
         for sums, values, valid in zip(self._head_sums, self._head, self.manager.valid_rows):
-            if valid:
+            if self._running:
+                if valid < sums.shape[0]:
+                    view = sums[valid:]
+                    view -= values[valid:]
+            elif valid:
                 view = sums[:valid]
                 view += values[:valid]
 
@@ -316,6 +345,7 @@ def per_row_head(
     label_names: Sequence[str],
     input_shapes: Dict[str, Tuple[int, ...]],
     rows_per_device: Sequence[int],
+    running_sums: Optional[str] = None,
 ) -> Optional[mx.sym.Symbol]:
     """Return a head computing the device metrics' per-row values in the symbol's own graph.
 
@@ -330,6 +360,14 @@ def per_row_head(
     accumulator. None when there is no device metric, or when a metric does not
     fit every device's shapes (the accumulator then computes it itself, or
     reports why).
+
+    With ``running_sums`` (a name starting with
+    :data:`~mxoid.executor_manager.RUNNING_SUMS_PREFIX`), for training
+    executors: the head also takes an argument of that name, of the values'
+    shape, whose gradient is the values (``MakeLoss(sums * values)``, the
+    values behind ``BlockGrad``). Bound with ``grad_req='add'``, as the
+    manager binds it, each backward pass adds the batch's values to that
+    gradient inside the executor: no operator call is left for the host.
     """
     output_names = [output_short_name(n) for n in symbol.list_outputs()]
     internals = symbol.get_internals()
@@ -370,7 +408,10 @@ def per_row_head(
             return None
         if tuple(shape) != (rows, len(columns)):
             return None
-    return head
+    if running_sums is None:
+        return head
+    sums = mx.sym.var(running_sums, dtype="float64")  # shaped like the values when bound
+    return mx.sym.Group([head, mx.sym.MakeLoss(sums * head)])
 
 
 def _infer_shapes(symbol: mx.sym.Symbol, shapes: Dict[str, Tuple[int, ...]]) -> Any:

@@ -248,21 +248,32 @@ def test_training_monitoring_equals_mxnet_accuracy_and_per_sample_means(n):
 
 # ------------------------------------------- the training graph computes the values
 def test_training_metrics_are_computed_by_the_training_executors():
-    """The per-row values come out of the training executors (a private head): the
-    accumulator keeps one addition per device, and what users see is unchanged."""
+    """The per-row values come out of the training executors (a private head), and the
+    backward pass adds them to running sums (gradients bound with grad_req='add'): the
+    accumulator queues nothing for a batch, and what users see is unchanged."""
     X, y = dataset("train", 90)
     monitoring = TrainingMonitoring({"softmax": ["acc", "ce"], "reg": "mse"})
     loop = two_head_loop([monitoring, FinishAfter(after_n_epochs=1)], train=iterator(X, y, 20))
-    assert monitoring.accumulator._head is not None and not monitoring.accumulator._calls[0]
+    accumulator = monitoring.accumulator
+    assert accumulator._head is not None and not accumulator._calls[0]
+    assert not accumulator._head_adds  # nothing queued per batch
     manager = loop.manager
     assert manager.output_names == ["softmax", "reg"] and set(manager.outputs) == {
         "softmax",
         "reg",
     }
-    assert [len(e.outputs) for e in manager.executors] == [3, 3]  # two heads + the private one
+    # two heads + the per-row values + the loss whose gradient is the running sums
+    assert [len(e.outputs) for e in manager.executors] == [4, 4]
     assert [tuple(a.shape) for a in manager.private_outputs[0]] == [(10, 3), (10, 3)]
-    assert loop.symbol.list_outputs() == ["softmax_output", "reg_output"]
+    (name,) = manager.running_sums
+    assert accumulator._head_sums == manager.running_sums[name]
+    assert name not in manager.param_names and loop.symbol.list_outputs() == [
+        "softmax_output",
+        "reg_output",
+    ]
     loop.run()
+    assert name not in loop.get_params()[0]
+    # The values, padding left out, equal NumPy's and MXNet's: the tests above.
     assert 0 <= loop.log.last("train_softmax_accuracy") <= 1
 
 
