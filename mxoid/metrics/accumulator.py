@@ -161,6 +161,7 @@ class MetricAccumulator:
                             f"the running sums have shape {tuple(sums.shape)} on device "
                             f"{device}, the values {tuple(head[device].shape)}"
                         )
+                    sums[:] = 0  # as simple_bind allocates gradients; a later bind may not
                     self._head_sums.append(sums)
                     continue
                 sums = mx.nd.zeros((rows, len(entries)), ctx, dtype="float64")

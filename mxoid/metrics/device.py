@@ -137,7 +137,9 @@ def _negative_log_likelihood(
             label_shape,
             "probabilities of shape (rows, classes) and one class index per row",
         )
-    prob = mx.sym.pick(pred, mx.sym.reshape(label, shape=(-1,)), axis=1)
+    if len(label_shape) != 1:  # one label per row, e.g. (rows, 1): as a vector
+        label = mx.sym.reshape(label, shape=(-1,))
+    prob = mx.sym.pick(pred, label, axis=1)
     return -mx.sym.log(prob + _EPS), 1
 
 

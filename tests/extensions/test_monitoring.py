@@ -3,7 +3,7 @@
 import mxnet as mx
 import numpy as np
 import pytest
-from conftest import TWO_CPUS, mlp
+from conftest import TWO_CPUS, initial_params, mlp, two_heads
 from monitored import (
     LEARNING,
     Check,
@@ -275,6 +275,38 @@ def test_training_metrics_are_computed_by_the_training_executors():
     assert name not in loop.get_params()[0]
     # The values, padding left out, equal NumPy's and MXNet's: the tests above.
     assert 0 <= loop.log.last("train_softmax_accuracy") <= 1
+
+
+@pytest.mark.parametrize("contexts", [1, 2])
+def test_running_sums_in_the_backward_pass_equal_the_accumulators_own_operator(
+    monkeypatch, contexts
+):
+    """The same run with the values summed by the backward pass (running sums) and by the
+    accumulator's own operator per device and batch: the same records, padding included
+    (90 rows by 20: the last batch is padded; a padded batch takes its padding rows back out,
+    which may round the cross-entropy's last bit)."""
+    X, y = dataset("train", 90)
+    rows = []
+    for graph in (True, False):
+        if not graph:
+            monkeypatch.setattr(TrainingMonitoring, "private_head", lambda self, *a: None)
+        monitoring = TrainingMonitoring({"softmax": ["acc", "ce"], "reg": "mse"}, every_n_batches=2)
+        loop = MainLoop(
+            two_heads(),
+            iterator(X, y, 20),
+            contexts=TWO_CPUS[:contexts],
+            arg_params=initial_params(two_heads(), (20, 10)),
+            optimizer_params=dict(LEARNING),
+            extensions=[monitoring, FinishAfter(after_n_epochs=2)],
+        )
+        assert (monitoring.accumulator._head is not None) == graph
+        loop.run()
+        rows.append([row for _, row in loop.log.items() if "train_reg_mse" in row])
+    assert len(rows[0]) == len(rows[1]) == 6  # batches 2, 4, 5 (epoch end), 7, 9, 10
+    for running, own in zip(*rows):
+        assert running["train_softmax_accuracy"] == own["train_softmax_accuracy"]
+        for name in ("train_softmax_cross_entropy", "train_reg_mse"):
+            assert running[name] == pytest.approx(own[name], rel=1e-12, abs=0)
 
 
 def test_evaluate_computes_the_values_in_the_evaluation_graph_for_every_shape():
