@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -155,7 +155,11 @@ def tolerance(contender: str, optimizer: str) -> tuple:
     return RTOL, ATOL
 
 
-TARGETS_TEXT = "ratios to the hand loop, Module.fit or Gluon in the same run, medians"
+TARGETS_TEXT = (
+    "ratios to the hand loop, Module.fit or Gluon in the same run, medians; for throughput "
+    "ratios a 90% bootstrap interval over the timed epochs, and 'missed within noise' when "
+    "the limit is inside it"
+)
 
 
 # ------------------------------------------------------------------ machine
@@ -674,11 +678,22 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
     index = {(r["contender"],) + cell_of(r): r for r in rows if "samples_per_second" in r}
     found = []
 
-    def add(target: str, measured: float, limit: float, unit: str, at_most: bool = False):
+    def add(
+        target: str,
+        measured: float,
+        limit: float,
+        unit: str,
+        at_most: bool = False,
+        versus: Optional[Tuple[dict, dict]] = None,
+    ):
         met = measured <= limit if at_most else measured >= limit
-        found.append(
-            {"target": target, "measured": measured, "limit": limit, "met": met, "unit": unit}
-        )
+        entry = {"target": target, "measured": measured, "limit": limit, "met": met, "unit": unit}
+        if versus is not None:  # a ratio of throughputs: how sure the verdict is
+            interval = ratio_interval(*versus)
+            if interval is not None:
+                entry["interval"] = interval
+                entry["within_noise"] = interval[0] <= limit <= interval[1]
+        found.append(entry)
 
     mxoid = ("mxoid_bare", "mxoid_everyday")
     for (contender, *cell), row in sorted(index.items()):
@@ -692,8 +707,15 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
                 limit = 0.98
             else:
                 limit = 0.95 if contender == "mxoid_bare" else None
+            hand = index.get(("hand",) + cell)
             if limit is not None:
-                add(f"{where}: >= {limit:.0%} of hand", row["ratio_to_hand"], limit, "%")
+                add(
+                    f"{where}: >= {limit:.0%} of hand",
+                    row["ratio_to_hand"],
+                    limit,
+                    "%",
+                    versus=(row, hand) if hand else None,
+                )
         hand = index.get(("hand",) + cell)
         if contender in mxoid and model == "mlp" and batch == 32 and hand is not None:
             limit = 1.05 if contender == "mxoid_bare" else 1.10
@@ -705,8 +727,15 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
                     "x",
                     at_most=True,
                 )
+            module = index.get(("module_fit_acc",) + cell)
             if row["ratio_to_module_fit"] is not None:
-                add(f"{where}: >= 1.5x Module.fit, accuracy", row["ratio_to_module_fit"], 1.5, "x")
+                add(
+                    f"{where}: >= 1.5x Module.fit, accuracy",
+                    row["ratio_to_module_fit"],
+                    1.5,
+                    "x",
+                    versus=(row, module) if module else None,
+                )
         gluon = index.get(("gluon",) + cell)
         if contender in mxoid and gluon is not None:
             add(
@@ -714,6 +743,7 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
                 row["samples_per_second"]["median"] / gluon["samples_per_second"]["median"],
                 1.0,
                 "x",
+                versus=(row, gluon),
             )
         module = index.get(("module_fit_acc",) + cell)
         if contender in mxoid and module is not None:
@@ -881,9 +911,42 @@ def format_markdown(report: dict) -> str:
         for entry in report["targets"]:
             lines.append(
                 f"| {entry['target']} | {format_measured(entry)} "
-                f"| {'yes' if entry['met'] else '**no**'} |"
+                f"| {dict(met='yes', MISSED='**no**').get(verdict(entry), 'no, within noise')} |"
             )
     return "\n".join(lines) + "\n"
+
+
+BOOTSTRAP_DRAWS = 2000
+
+
+def ratio_interval(row: dict, other: dict, level: float = 0.90) -> Optional[Tuple[float, float]]:
+    """The ``level`` bootstrap interval of ``row``'s median throughput over ``other``'s.
+
+    Each draw resamples both contenders' timed epochs (pooled over their runs)
+    with replacement and takes the ratio of the medians; the interval holds the
+    middle ``level`` of 2000 draws (fixed seed). None without epochs.
+    """
+    rates = []
+    for entry in (row, other):
+        seconds = [s for run in entry.get("epoch_seconds") or () for s in run]
+        if not seconds:
+            return None
+        rates.append(entry["samples_per_epoch"] / np.asarray(seconds, dtype=np.float64))
+    rng = np.random.RandomState(0)
+    mine, theirs = rates
+    draws = [
+        np.median(rng.choice(mine, mine.size)) / np.median(rng.choice(theirs, theirs.size))
+        for _ in range(BOOTSTRAP_DRAWS)
+    ]
+    tail = (1 - level) / 2 * 100
+    return float(np.percentile(draws, tail)), float(np.percentile(draws, 100 - tail))
+
+
+def verdict(entry: dict) -> str:
+    """``met``, ``MISSED``, or ``missed within noise`` (the limit inside the ratio's interval)."""
+    if entry["met"]:
+        return "met"
+    return "missed within noise" if entry.get("within_noise") else "MISSED"
 
 
 def format_measured(entry: dict) -> str:
@@ -892,20 +955,21 @@ def format_measured(entry: dict) -> str:
         "MiB" if "MiB" in entry["target"] else "us" if "us per" in entry["target"] else "%"
     )
     measured = entry["measured"]
-    return {
+    text = {
         "MiB": f"{measured:.0f} MiB",
         "us": f"{measured:.2f} us",
         "x": f"{measured:.2f}x",
     }.get(unit, f"{measured:.1%}")
+    if "interval" in entry:
+        low, high = entry["interval"]
+        text += f" (90%: {low:.0%}-{high:.0%})" if unit == "%" else f" (90%: {low:.2f}-{high:.2f}x)"
+    return text
 
 
 def format_targets(found: List[dict]) -> str:
     lines = ["", f"Targets ({TARGETS_TEXT})"]
     for entry in found:
-        lines.append(
-            f"  {'met   ' if entry['met'] else 'MISSED'}  {entry['target']}: "
-            f"{format_measured(entry)}"
-        )
+        lines.append(f"  {verdict(entry):<20}{entry['target']}: {format_measured(entry)}")
     return "\n".join(lines)
 
 

@@ -191,7 +191,44 @@ def test_targets_of_every_optimizer_cell(report):
                 if "<=" in target
                 else entry["measured"] >= entry["limit"]
             )
-    assert benchmark.format_measured(found[target]).endswith("x")
+    assert benchmark.format_measured(found[target]).split(" (90%")[0].endswith("x")
+
+
+def test_a_throughput_ratio_carries_a_bootstrap_interval_and_the_verdict_reads_it():
+    """The interval holds the ratio of the medians; a limit inside it is a miss within
+    noise, one above it a plain miss."""
+
+    def row(seconds):
+        return {"samples_per_epoch": 100, "epoch_seconds": seconds}
+
+    steady = row([[1.0, 1.01, 0.99], [1.0, 1.02, 0.98]])
+    slower = row([[1.25, 1.3, 1.2], [1.24, 1.26, 1.25]])
+    low, high = benchmark.ratio_interval(slower, steady)
+    assert low <= 1.0 / 1.25 <= high and high < 0.9
+    low, high = benchmark.ratio_interval(steady, steady)
+    assert low <= 1.0 <= high
+    noisy = row([[0.8, 1.4, 1.0], [1.2, 0.9, 1.1]])
+    assert (
+        benchmark.ratio_interval(noisy, steady)[1]
+        > 1.0
+        > benchmark.ratio_interval(noisy, steady)[0]
+    )
+    entry = {"met": False, "within_noise": True}
+    assert benchmark.verdict(entry) == "missed within noise"
+    assert benchmark.verdict({"met": False, "within_noise": False}) == "MISSED"
+    assert benchmark.verdict({"met": True}) == "met"
+    assert benchmark.ratio_interval(row([]), steady) is None
+
+
+def test_targets_on_throughput_ratios_report_their_interval(report):
+    data, _ = report
+    found = benchmark.targets(data["results"], None)
+    ratios = [e for e in found if "of hand" in e["target"] or "Gluon" in e["target"]]
+    assert ratios and all("interval" in e for e in ratios)
+    for entry in ratios:
+        low, high = entry["interval"]
+        assert low <= high and entry["within_noise"] == (low <= entry["limit"] <= high)
+        assert "(90%: " in benchmark.format_measured(entry)
 
 
 class SleepingLauncher:
