@@ -9,7 +9,7 @@ import mxnet as mx
 import numpy as np
 
 from .errors import clean_mxnet_message
-from .invoke import PreparedCopy
+from .invoke import PreparedCopy, backward_pass, forward_pass
 
 __all__ = [
     "RUNNING_SUMS_PREFIX",
@@ -526,9 +526,13 @@ class DataParallelExecutorManager:
                     source[slc].copyto(target)
 
     def forward(self, is_train: bool = False) -> None:
-        """Run the forward pass on every device (asynchronously)."""
+        """Run the forward pass on every device (asynchronously).
+
+        The executors' output arrays are those bound (:attr:`outputs`), which
+        every pass writes (see :func:`~mxoid.invoke.forward_pass`).
+        """
         for executor in self._next_pass or self.executors:
-            executor.forward(is_train=is_train)
+            forward_pass(executor, is_train)
 
     def zero_grads(self) -> None:
         """Set every gradient to zero (after an update, with ``grad_req='add'``)."""
@@ -553,7 +557,7 @@ class DataParallelExecutorManager:
         self._aux_agree = self._single or not self.aux_names
         if self._next_pass is None:
             for executor in self.executors:
-                executor.backward()
+                backward_pass(executor)
             return
         for twin, executor in zip(self._next_pass, self.executors):
             twin.backward()

@@ -21,9 +21,18 @@ import ctypes
 from typing import Any, Sequence, Tuple
 
 import mxnet as mx
-from mxnet.base import _LIB, NDArrayHandle, OpHandle, c_handle_array, c_str, c_str_array, check_call
+from mxnet.base import (
+    _LIB,
+    NDArrayHandle,
+    OpHandle,
+    c_handle_array,
+    c_str,
+    c_str_array,
+    check_call,
+    mx_uint,
+)
 
-__all__ = ["PreparedCall", "PreparedCopy", "PreparedPushPull"]
+__all__ = ["PreparedCall", "PreparedCopy", "PreparedPushPull", "backward_pass", "forward_pass"]
 
 
 class PreparedCall:
@@ -191,3 +200,24 @@ class PreparedPushPull:
                 self._priority,
             )
         )
+
+
+_TRAINING, _INFERENCE = ctypes.c_int(1), ctypes.c_int(0)
+_NO_HEAD_GRADIENTS = (mx_uint(0), c_handle_array([]))
+
+
+def forward_pass(executor: mx.executor.Executor, is_train: bool) -> None:
+    """Queue ``executor``'s forward pass: what ``Executor.forward`` calls, and only that.
+
+    ``Executor.forward`` then rebuilds its ``outputs`` list (a C call, and a
+    new NDArray object per output, the old ones freed) at every pass; the
+    arrays are the same ones each time, those bound, so ``executor.outputs``
+    as bound stays right and the list is not rebuilt here.
+    """
+    check_call(_LIB.MXExecutorForward(executor.handle, _TRAINING if is_train else _INFERENCE))
+
+
+def backward_pass(executor: mx.executor.Executor) -> None:
+    """Queue ``executor``'s backward pass, as ``Executor.backward()`` does for loss outputs."""
+    count, handles = _NO_HEAD_GRADIENTS
+    check_call(_LIB.MXExecutorBackwardEx(executor.handle, count, handles, _TRAINING))
