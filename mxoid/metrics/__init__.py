@@ -22,9 +22,10 @@ Three kinds of metric are accepted wherever mxoid asks for metrics
 
 from __future__ import annotations
 
-from .accumulator import MetricAccumulator, Reducer, per_row_head
+from .accumulator import MetricAccumulator, Reducer
 from .creation import Metric, MetricLike, create_metrics
 from .device import DEVICE_METRIC_NAMES, DeviceMetric
+from .head import per_row_head
 from .host import HostMetric
 from .naming import label_for_output, snake_case
 

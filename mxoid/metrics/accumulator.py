@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import mxnet as mx
 import numpy as np
@@ -19,7 +19,7 @@ from .naming import label_for_output
 if TYPE_CHECKING:  # pragma: no cover
     from ..executor_manager import DataParallelExecutorManager
 
-__all__ = ["MetricAccumulator", "Reducer", "per_row_head"]
+__all__ = ["MetricAccumulator", "Reducer"]
 
 Reducer = Callable[[np.ndarray], np.ndarray]
 """Maps the ``(metrics, 2)`` array of ``(sum, count)`` rows to the same, e.g. summed over
@@ -36,7 +36,7 @@ class MetricAccumulator:
     ``k``) to per-device sums, with one cached operator call per device and
     no host synchronization for :class:`DeviceMetric` (the operator graphs
     and every array are made here, once). Given ``head``, the manager's
-    private outputs of a :func:`per_row_head`, the executors have computed the
+    private outputs of a :func:`~mxoid.metrics.head.per_row_head`, the executors have computed the
     per-row values already and one addition per device is left; given
     ``running_sums`` too, the backward passes add them and nothing is left.
     :meth:`values` reads the sums.
@@ -48,7 +48,7 @@ class MetricAccumulator:
     metrics : sequence of (str, Metric)
         Output name (without ``_output``) and metric on it.
     head : list of NDArray, optional
-        Per device, the ``(rows, device metrics)`` values of :func:`per_row_head`
+        Per device, the ``(rows, device metrics)`` values of :func:`~mxoid.metrics.head.per_row_head`
         for these metrics, filled by each forward pass.
     running_sums : list of NDArray, optional
         With ``head``: per device, the gradient of the head's running sums
@@ -338,86 +338,3 @@ class MetricAccumulator:
             metric.value(float(total), float(count))
             for metric, (total, count) in zip(self.metrics, totals)
         ]
-
-
-def per_row_head(
-    symbol: mx.sym.Symbol,
-    metrics: Sequence[Tuple[str, Metric]],
-    label_names: Sequence[str],
-    input_shapes: Dict[str, Tuple[int, ...]],
-    rows_per_device: Sequence[int],
-    running_sums: Optional[str] = None,
-) -> Optional[mx.sym.Symbol]:
-    """Return a head computing the device metrics' per-row values in the symbol's own graph.
-
-    Its output, behind ``BlockGrad``, has shape ``(rows, metrics)`` in float64:
-    for each metric computed on the devices (in the order given; host metrics
-    are left out), the values :class:`MetricAccumulator` would compute from
-    the outputs and labels after the forward pass. Bound as a private head
-    of the executors (``DataParallelExecutorManager(..., private_heads=[head])``),
-    it spares the accumulator its operator call per device: one addition is
-    left. ``input_shapes`` are those of a whole batch; the metrics see each
-    device's shapes (its ``rows_per_device`` rows), as they do in the
-    accumulator. None when there is no device metric, or when a metric does not
-    fit every device's shapes (the accumulator then computes it itself, or
-    reports why).
-
-    With ``running_sums`` (a name starting with
-    :data:`~mxoid.executor_manager.RUNNING_SUMS_PREFIX`), for training
-    executors: the head also takes an argument of that name, of the values'
-    shape, whose gradient is the values (``MakeLoss(sums * values)``, the
-    values behind ``BlockGrad``). Bound with ``grad_req='add'``, as the
-    manager binds it, each backward pass adds the batch's values to that
-    gradient inside the executor: no operator call is left for the host.
-    """
-    output_names = [output_short_name(n) for n in symbol.list_outputs()]
-    internals = symbol.get_internals()
-    available = set(internals.list_outputs())
-
-    def device_shapes(rows: int) -> Dict[str, Tuple[int, ...]]:
-        return {name: (rows,) + tuple(shape[1:]) for name, shape in input_shapes.items()}
-
-    shapes = device_shapes(rows_per_device[0])
-    try:
-        _, out_shapes, _ = _infer_shapes(symbol, shapes)
-        columns = []
-        for output, metric in metrics:
-            if isinstance(metric, HostMetric):
-                continue
-            label = label_for_output(output, output_names, label_names)
-            if label not in available:
-                return None
-            position = output_names.index(output)
-            sums, _ = metric.per_row(
-                symbol[position],
-                internals[label],
-                tuple(out_shapes[position]),
-                tuple(shapes[label]),
-            )
-            columns.append(mx.sym.cast(sums, dtype="float64"))
-    except (ValueError, KeyError, mx.base.MXNetError):
-        return None
-    if not columns:
-        return None
-    head = mx.sym.BlockGrad(mx.sym.stack(*columns, axis=1))
-    used = set(head.list_arguments())
-    for rows in sorted(set(rows_per_device)):  # a metric may write its shapes into the graph
-        try:
-            given = {k: v for k, v in device_shapes(rows).items() if k in used}
-            _, (shape,), _ = _infer_shapes(head, given)
-        except mx.base.MXNetError:
-            return None
-        if tuple(shape) != (rows, len(columns)):
-            return None
-    if running_sums is None:
-        return head
-    sums = mx.sym.var(running_sums, dtype="float64")  # shaped like the values when bound
-    return mx.sym.Group([head, mx.sym.MakeLoss(sums * head)])
-
-
-def _infer_shapes(symbol: mx.sym.Symbol, shapes: Dict[str, Tuple[int, ...]]) -> Any:
-    """``symbol.infer_shape(**shapes)`` without the lines MXNet prints when it fails."""
-    result = symbol._infer_shape_impl(False, **shapes)
-    if result[1] is None:  # shapes left unknown
-        raise mx.base.MXNetError(f"cannot infer the shapes from {shapes}")
-    return result
