@@ -48,8 +48,9 @@ class MetricAccumulator:
     metrics : sequence of (str, Metric)
         Output name (without ``_output``) and metric on it.
     head : list of NDArray, optional
-        Per device, the ``(rows, device metrics)`` values of :func:`~mxoid.metrics.head.per_row_head`
-        for these metrics, filled by each forward pass.
+        Per device, the ``(rows, device metrics)`` values of
+        :func:`~mxoid.metrics.head.per_row_head` for these metrics, filled by
+        each forward pass.
     running_sums : list of NDArray, optional
         With ``head``: per device, the gradient of the head's running sums
         (:attr:`DataParallelExecutorManager.running_sums`), to which each
