@@ -25,7 +25,7 @@ import os
 import resource
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -609,6 +609,33 @@ def _rss_kib() -> int:
         return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
 
 
+def _reset_peak_rss() -> bool:
+    """Make the current resident memory the process's peak (Linux 4.0 and later).
+
+    Writing 5 to ``/proc/self/clear_refs`` resets ``VmHWM``, so the peak read
+    after training is training's, not that of making the data set before it
+    (``ru_maxrss`` holds the process's whole life). False where refused.
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return _peak_rss_kib() is not None
+
+
+def _peak_rss_kib() -> Optional[int]:
+    """``VmHWM`` of ``/proc/self/status`` in KiB (None where absent)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
 def run_worker(spec_path: str) -> None:
     """Train one contender as ``spec_path`` describes; write ``result.json`` and ``params.npz``."""
     with open(spec_path) as f:
@@ -622,11 +649,16 @@ def run_worker(spec_path: str) -> None:
     del X, y
     init = initial_params(spec["model"])
     rss_before = _rss_kib()
+    training_peak = _reset_peak_rss()
+    if not training_peak:
+        spec["notes"].append(
+            "peak memory: the process's whole life (ru_maxrss; /proc/self/clear_refs refused)"
+        )
     clock = EpochClock()
     clock.tick()
     params = function(spec, train_iter, init, clock)
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    peak_kib = usage.ru_maxrss
+    peak_kib = (_peak_rss_kib() if training_peak else None) or usage.ru_maxrss
     finite = bool(all(np.isfinite(v).all() for v in params.values()))
     np.savez(os.path.join(spec["workdir"], "params.npz"), **params)
     result = {

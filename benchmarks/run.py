@@ -157,7 +157,8 @@ def tolerance(contender: str, optimizer: str) -> tuple:
 
 TARGETS_TEXT = (
     "ratios to the hand loop, Module.fit or Gluon in the same run, medians; for throughput "
-    "ratios a 90% bootstrap interval over the timed epochs, and 'missed within noise' when "
+    "ratios a 90% bootstrap interval over the runs and their timed epochs, and 'missed "
+    "within noise' when "
     "the limit is inside it"
 )
 
@@ -922,22 +923,32 @@ BOOTSTRAP_DRAWS = 2000
 def ratio_interval(row: dict, other: dict, level: float = 0.90) -> Optional[Tuple[float, float]]:
     """The ``level`` bootstrap interval of ``row``'s median throughput over ``other``'s.
 
-    Each draw resamples both contenders' timed epochs (pooled over their runs)
-    with replacement and takes the ratio of the medians; the interval holds the
-    middle ``level`` of 2000 draws (fixed seed). None without epochs.
+    Each draw resamples both contenders in two stages, as they were measured:
+    their runs (workers) with replacement, then the timed epochs within each
+    drawn run, and takes the ratio of the medians of the pooled epochs; the
+    interval holds the middle ``level`` of 2000 draws (fixed seed). Drawing the
+    runs too carries the difference between workers of one contender (on a
+    shared machine a worker can sit at its own level for all of its epochs),
+    which resampling pooled epochs alone would hide. None without epochs.
     """
-    rates = []
+    runs = []
     for entry in (row, other):
-        seconds = [s for run in entry.get("epoch_seconds") or () for s in run]
-        if not seconds:
+        rates = [
+            entry["samples_per_epoch"] / np.asarray(run, dtype=np.float64)
+            for run in entry.get("epoch_seconds") or ()
+            if len(run)
+        ]
+        if not rates:
             return None
-        rates.append(entry["samples_per_epoch"] / np.asarray(seconds, dtype=np.float64))
+        runs.append(rates)
     rng = np.random.RandomState(0)
-    mine, theirs = rates
-    draws = [
-        np.median(rng.choice(mine, mine.size)) / np.median(rng.choice(theirs, theirs.size))
-        for _ in range(BOOTSTRAP_DRAWS)
-    ]
+
+    def draw(rates: List[np.ndarray]) -> float:
+        chosen = [rates[i] for i in rng.randint(len(rates), size=len(rates))]
+        return float(np.median(np.concatenate([rng.choice(r, r.size) for r in chosen])))
+
+    mine, theirs = runs
+    draws = [draw(mine) / draw(theirs) for _ in range(BOOTSTRAP_DRAWS)]
     tail = (1 - level) / 2 * 100
     return float(np.percentile(draws, tail)), float(np.percentile(draws, 100 - tail))
 

@@ -220,6 +220,21 @@ def test_a_throughput_ratio_carries_a_bootstrap_interval_and_the_verdict_reads_i
     assert benchmark.ratio_interval(row([]), steady) is None
 
 
+def test_the_interval_carries_the_difference_between_runs_of_one_contender():
+    """Runs of one contender at their own levels (steady epochs within each): the
+    interval reaches the ratio a draw of the other runs gives, where resampling the
+    pooled epochs alone would give a narrow interval around the median's ratio."""
+
+    def row(seconds):
+        return {"samples_per_epoch": 100, "epoch_seconds": seconds}
+
+    steady = row([[1.0] * 5, [1.0] * 5, [1.0] * 5])
+    levels = row([[1.0] * 5, [1.5] * 5, [1.5] * 5])  # median epoch 1.5 s: ratio 0.67
+    low, high = benchmark.ratio_interval(levels, steady)
+    assert low <= 1 / 1.5 + 1e-9 and high >= 1.0 - 1e-9
+    assert benchmark.ratio_interval(steady, steady) == (1.0, 1.0)
+
+
 def test_targets_on_throughput_ratios_report_their_interval(report):
     data, _ = report
     found = benchmark.targets(data["results"], None)
@@ -258,3 +273,31 @@ def test_only_the_stock_updaters_plain_sgd_gets_a_looser_tolerance():
     assert benchmark.tolerance("mxoid_bare", "sgd") == strict
     assert benchmark.tolerance("mxoid_everyday", "sgd") == strict
     assert benchmark.tolerance("module_fit_acc", "sgd") == (1e-3, 1e-4)
+
+
+def test_a_workers_peak_memory_is_that_of_training_not_of_making_the_data():
+    """The peak is reset just before training: a larger allocation freed before the
+    reset (as making the data set is) does not count in it, one after it does."""
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import contenders\n"
+        "mib = 1024\n"
+        "block = bytearray(400 * 1024 * mib); block[::4096] = b'1' * len(block[::4096])\n"
+        "del block\n"
+        "before = contenders._peak_rss_kib()\n"
+        "reset = contenders._reset_peak_rss()\n"
+        "after_reset = contenders._peak_rss_kib()\n"
+        "block = bytearray(100 * 1024 * mib); block[::4096] = b'1' * len(block[::4096])\n"
+        "print(before, reset, after_reset, contenders._peak_rss_kib(), contenders._rss_kib())\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script, os.path.join(ROOT, "benchmarks")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    before, reset, after_reset, peak, rss = completed.stdout.split()
+    assert reset == "True"
+    before, after_reset, peak, rss = int(before), int(after_reset), int(peak), int(rss)
+    assert before >= 400 * 1024 and after_reset < before - 300 * 1024
+    assert peak >= rss >= after_reset + 90 * 1024
