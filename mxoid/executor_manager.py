@@ -16,6 +16,7 @@ __all__ = [
     "DataParallelExecutorManager",
     "OutputArrays",
     "check_contexts",
+    "forward_work_load",
     "output_short_name",
     "split_batch",
 ]
@@ -157,6 +158,16 @@ def split_batch(batch_size: int, work_load_list: Sequence[float]) -> List[slice]
     return slices
 
 
+def forward_work_load(batch_size: int, work_load_list: Sequence[float]) -> List[float]:
+    """Return the shares of the devices a forward-only manager runs ``batch_size`` rows on.
+
+    A batch with fewer rows than devices (an evaluation or inference iterator
+    of batch 1 on two devices) runs on the first ``batch_size`` devices, one
+    row each; otherwise on all of them.
+    """
+    return list(work_load_list[: max(1, batch_size)])
+
+
 def _as_descs(shapes: Optional[Iterable[DataDescLike]]) -> List[mx.io.DataDesc]:
     descs = []
     for item in shapes or ():
@@ -190,7 +201,11 @@ class DataParallelExecutorManager:
         Bind executors for other input shapes (an evaluation iterator with
         another batch size) that share the parameter, gradient and auxiliary
         arrays of ``shared_manager`` instead of copying them. Such a manager is
-        used for forward passes only.
+        used for forward passes only. A manager for forward passes only (this
+        one, or one with ``for_training=False``) given a batch of fewer rows
+        than devices binds the first ``batch_size`` devices, one row each
+        (:func:`forward_work_load`); a training batch must have at least one
+        row per device.
     fixed_param_names : sequence of str, optional
         Parameters that get no gradient (``grad_req='null'``, which also saves
         their backward work) and are never updated: their ``grad_arrays``
@@ -303,6 +318,9 @@ class DataParallelExecutorManager:
                 f"work_load_list has {len(work_load_list)} entries for "
                 f"{len(self.contexts)} contexts; give one per context"
             )
+        if shared_manager is not None or not for_training:
+            work_load_list = forward_work_load(self.batch_size, work_load_list)
+            self.contexts = self.contexts[: len(work_load_list)]
         self.work_load_list = list(work_load_list)
         self.slices = split_batch(self.batch_size, self.work_load_list)
         self.shared_manager = shared_manager

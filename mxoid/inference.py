@@ -18,7 +18,7 @@ import numpy as np
 from .checkpoint.loading import load_model
 from .executor_manager import DataParallelExecutorManager, check_contexts, output_short_name
 
-__all__ = ["Predictor", "input_descs", "predict_outputs"]
+__all__ = ["Predictor", "input_descs", "label_descs_for", "predict_outputs"]
 
 Descs = List[mx.io.DataDesc]
 
@@ -39,8 +39,13 @@ def input_descs(
     (their values are not read by a forward pass with ``is_train=False``).
     """
     data_descs = [mx.io.DataDesc(name, array.shape, array.dtype) for name, array in data]
+    return data_descs, label_descs_for(symbol, data_descs, label_names)
+
+
+def label_descs_for(symbol: mx.sym.Symbol, data_descs: Descs, label_names: Sequence[str]) -> Descs:
+    """Return the descriptions of ``label_names``, as the symbol infers them from the data."""
     if not label_names:
-        return data_descs, []
+        return []
     shapes, _, _ = symbol.infer_shape_partial(**{d.name: d.shape for d in data_descs})
     by_name = dict(zip(symbol.list_arguments(), shapes))
     label_descs = []
@@ -52,7 +57,7 @@ def input_descs(
                 f"{[(d.name, d.shape) for d in data_descs]}; give an iterator that provides it"
             )
         label_descs.append(mx.io.DataDesc(name, shape))
-    return data_descs, label_descs
+    return label_descs
 
 
 def predict_outputs(
@@ -141,7 +146,8 @@ class Predictor:
 
     Executors are bound for the shapes of the first batch and, sharing its
     parameters, once for each other shape met (a smaller last batch), then
-    reused. A batch must have at least one row per device.
+    reused. A batch of fewer rows than devices runs on the first devices, one
+    row each.
     """
 
     def __init__(
@@ -189,8 +195,19 @@ class Predictor:
         labels = [n for n in inputs if n not in names]
         data_descs, label_descs = input_descs(self.symbol, data, labels)
         if self._base is None:
+            # Bound for a batch of at least one row per device, so that a first
+            # batch of fewer rows (which runs on the first devices) leaves the
+            # later, larger ones all the devices.
+            rows = max(int(data_descs[0].shape[0]), len(self.contexts))
+            base_data = [
+                mx.io.DataDesc(d.name, (rows,) + tuple(d.shape[1:]), d.dtype) for d in data_descs
+            ]
             manager = DataParallelExecutorManager(
-                self.symbol, self.contexts, data_descs, label_descs, for_training=False
+                self.symbol,
+                self.contexts,
+                base_data,
+                label_descs_for(self.symbol, base_data, labels),
+                for_training=False,
             )
             lacking = [n for n in manager.aux_names if n not in self.aux_params]
             if lacking:
@@ -203,7 +220,6 @@ class Predictor:
                 {n: v for n, v in self.aux_params.items() if n in manager.aux_names},
             )
             self._base = manager
-        else:
-            manager = self._base.evaluation_manager(data_descs, label_descs)
+        manager = self._base.evaluation_manager(data_descs, label_descs)  # itself for its shapes
         self._managers[key] = manager
         return manager

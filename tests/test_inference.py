@@ -149,3 +149,44 @@ def test_predictor_from_a_checkpoint_and_from_a_module_prefix(tmp_path):
         np.testing.assert_allclose(ragged, expected[-50:], rtol=1e-5, atol=1e-7)
         predictor.predict(Ragged(X))
         assert len(predictor._managers) == 4  # rows 32, 10, 25 and 5: bound once each
+
+
+def test_batches_of_fewer_rows_than_devices_run_on_the_first_devices(tmp_path):
+    """Batch 1 on two devices (inference one sample at a time, an evaluation iterator of
+    batch 1, a last batch of one row): Module's executor group refuses it ("Too many
+    slices"); here it runs on the first device, and larger batches keep both."""
+    loop = trained("two", [Checkpoint(tmp_path / "checkpoints", after_training=True)])
+    expected = loop.predict(held_out())["softmax"]
+    X, y = digits_images()
+    X, y = X[-100:], y[-100:]
+
+    one_row = loop.predict(held_out(batch_size=1))["softmax"]
+    np.testing.assert_allclose(one_row, expected, rtol=1e-5, atol=1e-7)
+
+    predictor = Predictor(tmp_path / "checkpoints", contexts=TWO_CPUS)
+    ragged = predictor.predict(Ragged(X[-50:], sizes=(1, 10, 1, 38)))["softmax"]
+    np.testing.assert_allclose(ragged, expected[-50:], rtol=1e-5, atol=1e-7)
+    devices = {key[0][1][0]: len(m.executors) for key, m in predictor._managers.items()}
+    assert devices == {1: 1, 10: 2, 38: 2}  # the first batch's single row left both to the rest
+
+    # Evaluate and loop.score at batch 1 on two devices: Module.score's records on one.
+    arg_params, aux_params = loop.get_params()
+    module = mx.mod.Module(loop.symbol, context=mx.cpu(), logger=logging.getLogger("quiet"))
+    batch_one = mx.io.NDArrayIter(X, y, batch_size=1, label_name="softmax_label")
+    module.bind(batch_one.provide_data, batch_one.provide_label, for_training=False)
+    module.set_params(arg_params, aux_params)
+    theirs = dict(module.score(batch_one, ["acc", "ce"]))
+    ours = loop.score(batch_one, ["acc", "ce"])
+    assert ours["valid_accuracy"] == pytest.approx(theirs["accuracy"], abs=1e-12)
+    assert ours["valid_cross_entropy"] == pytest.approx(theirs["cross-entropy"], rel=1e-5)
+    evaluate = Evaluate({"valid": batch_one}, ["acc"], after_training=True)
+    evaluated = trained("two", [evaluate])
+    assert evaluated.log.last("valid_accuracy") == pytest.approx(theirs["accuracy"], abs=1e-12)
+
+    with pytest.raises(ValueError, match="a batch of 1 rows cannot be split across 2 devices"):
+        MainLoop(
+            loop.symbol,
+            mx.io.NDArrayIter(X, y, batch_size=1, label_name="softmax_label"),
+            contexts=TWO_CPUS,
+            extensions=[FinishAfter(after_n_epochs=1)],
+        )

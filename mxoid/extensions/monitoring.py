@@ -6,7 +6,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 import mxnet as mx
 
-from ..executor_manager import RUNNING_SUMS_PREFIX, output_short_name, split_batch
+from ..executor_manager import (
+    RUNNING_SUMS_PREFIX,
+    forward_work_load,
+    output_short_name,
+    split_batch,
+)
 from ..metrics import (
     Metric,
     MetricAccumulator,
@@ -247,7 +252,8 @@ class Evaluate(_MetricsExtension):
         shapes = {desc[0]: tuple(desc[1]) for desc in list(data) + list(labels or [])}
         label_names = [desc[0] for desc in labels or []]
         batch_size = next(iter(shapes.values()))[0]
-        rows = [s.stop - s.start for s in split_batch(batch_size, manager.work_load_list)]
+        work_load = forward_work_load(batch_size, manager.work_load_list)
+        rows = [s.stop - s.start for s in split_batch(batch_size, work_load)]
         head = per_row_head(loop.symbol, bound, label_names, shapes, rows)
         if head is not None:
             manager = manager.evaluation_manager(data, labels, private_heads=[head])
