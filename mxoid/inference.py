@@ -17,6 +17,7 @@ import numpy as np
 
 from .checkpoint.loading import load_model
 from .executor_manager import DataParallelExecutorManager, check_contexts, output_short_name
+from .pacing import DEFAULT_MAX_BATCHES_AHEAD, Pacer, check_max_batches_ahead
 
 __all__ = ["Predictor", "input_descs", "label_descs_for", "predict_outputs"]
 
@@ -65,22 +66,31 @@ def predict_outputs(
     iterator: mx.io.DataIter,
     outputs: Optional[Union[str, Sequence[str]]],
     output_names: Sequence[str],
+    max_batches_ahead: Optional[int] = DEFAULT_MAX_BATCHES_AHEAD,
 ) -> Dict[str, np.ndarray]:
     """Run ``iterator`` forward through the managers ``manager_for(batch)`` gives.
 
     Returns output name -> one array over the real samples. The iterator is
     reset before and after. Copies to the host are queued per batch and read
-    once at the end (no wait per batch).
+    once at the end; the host waits for the devices only when it is
+    ``max_batches_ahead`` batches of a manager ahead of them (see
+    :mod:`mxoid.pacing`; None: never).
     """
     names = _output_names(outputs, output_names)
     parts: Dict[str, List[mx.nd.NDArray]] = {name: [] for name in names}
     cpu = mx.cpu()
+    pacers: Dict[int, Optional[Pacer]] = {}
     iterator.reset()
     try:
         for batch in iterator:
             manager = manager_for(batch)
             manager.load_data_batch(batch, labels=False)
             manager.forward(is_train=False)
+            if id(manager) not in pacers:
+                pacers[id(manager)] = Pacer.of(manager, max_batches_ahead)
+            pacer = pacers[id(manager)]
+            if pacer is not None:
+                pacer.queued()
             for name in names:
                 for array, rows in zip(manager.outputs[name], manager.valid_rows):
                     if rows == array.shape[0]:
@@ -131,6 +141,9 @@ class Predictor:
     contexts : Context or list of Context, optional
         Devices; ``[mx.cpu()]`` by default. Each batch is split over them.
     epoch : int, optional
+    max_batches_ahead : int or None, default 64
+        How many batches the host may queue ahead of the devices, as
+        :class:`~mxoid.MainLoop`'s (None: no bound).
 
     Attributes
     ----------
@@ -156,7 +169,9 @@ class Predictor:
         contexts: Union[None, mx.Context, Sequence[mx.Context]] = None,
         *,
         epoch: Optional[int] = None,
+        max_batches_ahead: Optional[int] = DEFAULT_MAX_BATCHES_AHEAD,
     ) -> None:
+        self.max_batches_ahead = check_max_batches_ahead(max_batches_ahead)
         symbol, self.arg_params, self.aux_params = load_model(source, epoch)
         self.symbol = symbol
         self.contexts = check_contexts(contexts)
@@ -177,6 +192,7 @@ class Predictor:
             iterator,
             outputs,
             self.output_names,
+            self.max_batches_ahead,
         )
 
     def _manager(self, data: List[Tuple[str, mx.nd.NDArray]]) -> DataParallelExecutorManager:

@@ -42,6 +42,7 @@ from .interrupt import (
 from .log import TrainingLog, TrainingStatus
 from .log.files import RESUMED_FROM
 from .log.records import TRAINING_FINISH_REQUESTED, plain_value
+from .pacing import DEFAULT_MAX_BATCHES_AHEAD, Pacer, check_max_batches_ahead
 from .update import KVStoreLike, create_kvstore, prepare_update
 
 __all__ = ["MainLoop"]
@@ -129,6 +130,14 @@ class MainLoop:
         the middle of a group, that group's gradients are not applied (a
         warning says so); a checkpoint taken in the middle of a group keeps
         them, and training resumed from it continues the group exactly.
+    max_batches_ahead : int or None, default 64
+        How many batches the host may queue ahead of the devices (at least
+        2). mxoid does not wait for the engine in an epoch, and each batch
+        queued keeps its input arrays until the devices reach it; every
+        ``max_batches_ahead // 2`` batches the loop waits for the batch that
+        many batches back (see :mod:`mxoid.pacing`), so memory stays bounded
+        on a host faster than its devices. Evaluation and prediction keep
+        the same bound. None: no bound (the whole epoch may be queued).
 
     Attributes
     ----------
@@ -196,6 +205,7 @@ class MainLoop:
         fixed_param_names: Optional[Sequence[str]] = None,
         allow_extra: bool = False,
         accumulate_batches: int = 1,
+        max_batches_ahead: Optional[int] = DEFAULT_MAX_BATCHES_AHEAD,
     ) -> None:
         kv = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         try:
@@ -217,6 +227,7 @@ class MainLoop:
                     f"accumulate_batches must be an int >= 1, got {accumulate_batches!r}"
                 )
             self.accumulate_batches = accumulate_batches
+            self.max_batches_ahead = check_max_batches_ahead(max_batches_ahead)
             heads = private_heads(
                 self.extensions,
                 symbol,
@@ -235,6 +246,7 @@ class MainLoop:
                 grad_req="add" if accumulate_batches > 1 else "write",
                 private_heads=[head for _, head in heads],
             )
+            self._pacer = Pacer.of(self.manager, self.max_batches_ahead)
             kv, on_kvstore = create_kvstore(kvstore, len(self.contexts), update_on_kvstore)
             self._collective = is_distributed(kv)
             self._stop_everywhere = False
@@ -417,6 +429,7 @@ class MainLoop:
         step = self._step_function()
         before_batch = self.dispatcher.runner("before_batch")
         after_batch = self.dispatcher.runner("after_batch")
+        queued = self._pacer.queued if self._pacer is not None else None
         trained = status.iterations_done_in_epoch
         for batch in self.train_data:
             self.current_batch = batch
@@ -426,6 +439,8 @@ class MainLoop:
             manager.forward(is_train=True)
             manager.backward()
             step()
+            if queued is not None:
+                queued()  # at most max_batches_ahead batches in flight
             status.iterations_done += 1
             status.iterations_done_in_epoch += 1
             if after_batch is not None:
@@ -614,7 +629,9 @@ class MainLoop:
         manager.reconcile_aux_states()
         self.synchronize()
         try:
-            return predict_outputs(manager_for, iterator, outputs, manager.output_names)
+            return predict_outputs(
+                manager_for, iterator, outputs, manager.output_names, self.max_batches_ahead
+            )
         finally:
             self.synchronize()
 

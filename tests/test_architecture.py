@@ -26,6 +26,7 @@ TOP_LEVEL = {
     "invoke",
     "launch",
     "main_loop",
+    "pacing",
     "update",
 }
 FOLDERS = {"checkpoint", "data", "distributed", "extensions", "log", "metrics"}

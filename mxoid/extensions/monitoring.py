@@ -21,6 +21,7 @@ from ..metrics import (
     label_for_output,
     per_row_head,
 )
+from ..pacing import Pacer
 from .base import FIRING_KEYWORDS, Extension
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -219,11 +220,12 @@ class Evaluate(_MetricsExtension):
         self.iterators: Dict[str, mx.io.DataIter] = dict(iterators)
         self._accumulators: Dict[str, MetricAccumulator] = {}
         self._records: Dict[str, List[str]] = {}
+        self._pacers: Dict[str, Optional[Pacer]] = {}
 
     def _bind(self, loop: MainLoop) -> None:
         bound = self._metrics_on_outputs(loop)
         single = len(loop.manager.output_names) == 1
-        self._accumulators, self._records = {}, {}
+        self._accumulators, self._records, self._pacers = {}, {}, {}
         for name, iterator in self.iterators.items():
             self._records[name] = _record_names(name, bound, single)
             label_names = [desc[0] for desc in iterator.provide_label or ()]
@@ -287,11 +289,16 @@ class Evaluate(_MetricsExtension):
         manager = accumulator.manager
         accumulator.reset()
         iterator.reset()
+        pacer = self._pacers.get(name)
+        if name not in self._pacers:  # bound the host's lead, as the loop does
+            pacer = self._pacers[name] = Pacer.of(manager, self.main_loop.max_batches_ahead)
         try:
             for batch in iterator:
                 manager.load_data_batch(batch)
                 manager.forward(is_train=False)
                 accumulator.update()
+                if pacer is not None:
+                    pacer.queued()
         finally:
             iterator.reset()
         if accumulator.rows == 0:

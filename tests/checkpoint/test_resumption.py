@@ -216,11 +216,22 @@ def reference_params(tmp_path_factory):
     return dict(np.load(folder / "params.npz"))
 
 
-def test_sigkill_always_leaves_a_checkpoint_to_resume_from(tmp_path, reference_params):
-    """Killed between batches, then twice in the middle of a checkpoint write."""
+@pytest.mark.parametrize("prefetch", [0, 3], ids=["read-in-place", "prefetch-3-ahead"])
+def test_sigkill_always_leaves_a_checkpoint_to_resume_from(tmp_path, reference_params, prefetch):
+    """Killed between batches, then twice in the middle of a checkpoint write; with
+    Prefetch, while batches read ahead on its thread are not trained yet: none is lost,
+    none is trained twice."""
     directory = tmp_path / "killed"
     for moment in ("BATCH 5", "WRITING", "WRITING"):
-        args = ["--every-n-batches", "3", "--resume", "--delay", "0.01"]
+        args = [
+            "--every-n-batches",
+            "3",
+            "--resume",
+            "--delay",
+            "0.01",
+            "--prefetch",
+            str(prefetch),
+        ]
         if moment == "WRITING":
             args += ["--slow-write", "5"]
         run = Trainer(directory, *args)
@@ -232,7 +243,16 @@ def test_sigkill_always_leaves_a_checkpoint_to_resume_from(tmp_path, reference_p
         if moment == "WRITING":
             assert [n for n in os.listdir(directory) if n.startswith(".tmp-")]  # killed mid-write
     output = tmp_path / "resumed.npz"
-    run = Trainer(directory, "--every-n-batches", "3", "--resume", "--output", str(output))
+    run = Trainer(
+        directory,
+        "--every-n-batches",
+        "3",
+        "--resume",
+        "--output",
+        str(output),
+        "--prefetch",
+        str(prefetch),
+    )
     code, err = run.finish(120)
     assert code == 0, err
     assert_identical(reference_params, dict(np.load(output)))

@@ -9,7 +9,8 @@ the process SIGKILL itself at a chosen point of the save at batch N:
 ``manifest`` (everything written but the manifest), ``rename`` (the folder
 complete, not yet renamed into place), ``saved`` (renamed into place, before
 the log writer wrote the previous row), or ``retire`` (between the two
-renames that replace ``best``).
+renames that replace ``best``). ``--prefetch N`` reads N batches ahead on a
+background thread (``mxoid.Prefetch``).
 """
 
 import argparse
@@ -34,6 +35,7 @@ from mxoid import (
     FinishAfter,
     JSONLinesLog,  # noqa: E402
     MainLoop,
+    Prefetch,
 )
 
 
@@ -123,12 +125,17 @@ def main():
     )
     parser.add_argument("--kill-at", choices=("manifest", "rename", "saved", "retire"))
     parser.add_argument("--kill-batch", type=int, default=6)
+    parser.add_argument(
+        "--prefetch", type=int, default=0, help="read this many batches ahead (mxoid.Prefetch)"
+    )
     args = parser.parse_args()
     if args.slow_write:
         slow_down_writes(args.slow_write)
     X, y = classification_data(n=200)
     np.random.seed(5)
     train = mx.io.NDArrayIter(X, y, batch_size=20, shuffle=True, label_name="softmax_label")
+    if args.prefetch:
+        train = Prefetch(train, depth=args.prefetch)
     net = mlp()
     extensions = [
         FinishAfter(after_n_epochs=args.epochs),

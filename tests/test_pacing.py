@@ -1,0 +1,151 @@
+"""The host's lead over the devices is bounded: training, evaluation and prediction queue at
+most max_batches_ahead batches that the engine has not computed (each of which keeps its
+input arrays alive), and without the bound they queue far more.
+
+A custom operator that takes 5 ms on MXNet's engine makes the devices slower than the
+host, so the loop runs ahead of them; the operator counts the forward passes the engine
+has run."""
+
+import time
+
+import mxnet as mx
+import numpy as np
+import pytest
+from conftest import TWO_CPUS, classification_data, initial_params
+
+from mxoid import Extension, FinishAfter, MainLoop, Predictor
+from mxoid.pacing import Pacer
+
+FORWARDS = []  # one entry per forward pass of SlowCountedIdentity the engine has run
+
+
+class SlowCountedIdentity(mx.operator.CustomOp):
+    def forward(self, is_train, req, in_data, out_data, aux):
+        time.sleep(0.005)
+        self.assign(out_data[0], req[0], in_data[0])
+        FORWARDS.append(1)
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        self.assign(in_grad[0], req[0], out_grad[0])
+
+
+@mx.operator.register("mxoid_slow_counted_identity")
+class SlowCountedIdentityProp(mx.operator.CustomOpProp):
+    def __init__(self):
+        super().__init__(need_top_grad=True)
+
+    def infer_shape(self, in_shape):
+        return in_shape, in_shape, []
+
+    def create_operator(self, ctx, shapes, dtypes):
+        return SlowCountedIdentity()
+
+
+def slow_net():
+    data = mx.sym.Variable("data")
+    slow = mx.sym.Custom(data, op_type="mxoid_slow_counted_identity")
+    return mx.sym.SoftmaxOutput(mx.sym.FullyConnected(slow, num_hidden=3, name="fc"), name="softmax")
+
+
+class Lead(Extension):
+    """At every batch: batches the loop has queued minus forward passes the engine ran."""
+
+    def __init__(self, devices):
+        super().__init__()
+        self.devices, self.leads = devices, []
+
+    def after_batch(self, batch):
+        self.leads.append(self.main_loop.status.iterations_done - len(FORWARDS) // self.devices)
+
+
+class Recording(mx.io.DataIter):
+    """An NDArrayIter that records, at each batch it hands out, the lead of its consumer."""
+
+    def __init__(self, X, y, batch_size, devices):
+        super().__init__(batch_size)
+        self.inner = mx.io.NDArrayIter(X, y, batch_size=batch_size, label_name="softmax_label")
+        self.devices, self.handed, self.leads = devices, 0, []
+        self.provide_data, self.provide_label = self.inner.provide_data, self.inner.provide_label
+
+    def reset(self):
+        self.inner.reset()  # (the leads recorded are kept: the consumer resets it after use)
+        self.handed = 0
+        FORWARDS.clear()
+
+    def next(self):
+        self.leads.append(self.handed - len(FORWARDS) // self.devices)
+        batch = self.inner.next()
+        self.handed += 1
+        return batch
+
+
+def loop_on(devices, limit, extensions=()):
+    X, y = classification_data(n=600)  # 60 batches of 10 an epoch
+    FORWARDS.clear()
+    net = slow_net()
+    return MainLoop(
+        net,
+        mx.io.NDArrayIter(X, y, batch_size=10, label_name="softmax_label"),
+        contexts=TWO_CPUS if devices == 2 else [mx.cpu()],
+        arg_params=initial_params(net, (10, 10)),
+        max_batches_ahead=limit,
+        extensions=[FinishAfter(after_n_epochs=1), *extensions],
+    )
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_training_queues_at_most_max_batches_ahead(devices):
+    bounded = Lead(devices)
+    loop_on(devices, 8, [bounded]).run()
+    assert max(bounded.leads) <= 8
+    assert max(bounded.leads) >= 4  # it still runs ahead: the devices always have work
+    free = Lead(devices)
+    loop_on(devices, None, [free]).run()
+    assert max(free.leads) > 30  # unbounded, the host queues most of the epoch
+
+
+@pytest.mark.parametrize("limit", [8, None], ids=["bounded", "unbounded"])
+def test_evaluation_and_prediction_keep_the_bound(tmp_path, limit):
+    loop = loop_on(2, limit)
+    loop.run()
+    X, y = classification_data(n=600)
+    for run in (
+        lambda it: loop.score(it, ["acc"]),
+        lambda it: loop.predict(it),
+    ):
+        recording = Recording(X, y, 10, 2)
+        run(recording)
+        if limit is None:
+            assert max(recording.leads) > 30
+        else:
+            assert max(recording.leads) <= limit + 1  # counted before the batch is queued
+    checkpoint = tmp_path / "model"
+    mx.model.save_checkpoint(str(checkpoint), 1, loop.symbol, *loop.get_params())
+    recording = Recording(X, y, 10, 1)
+    Predictor(str(checkpoint), max_batches_ahead=limit).predict(recording)
+    assert (max(recording.leads) <= 9) if limit else (max(recording.leads) > 30)
+
+
+def test_a_bounded_loop_trains_what_an_unbounded_one_does():
+    params = []
+    for limit in (2, None):
+        loop = loop_on(2, limit)
+        loop.run()
+        params.append({k: v.asnumpy() for k, v in loop.get_params()[0].items()})
+    for name in params[0]:
+        np.testing.assert_array_equal(params[0][name], params[1][name])
+
+
+@pytest.mark.parametrize("bad", [0, 1, -3, 2.0, "8", True])
+def test_max_batches_ahead_must_be_an_int_of_at_least_two(bad):
+    with pytest.raises(ValueError, match="max_batches_ahead must be an int >= 2"):
+        loop_on(1, bad)
+
+
+def test_a_pacer_marks_every_half_limit():
+    output = mx.nd.zeros((4, 3))
+    pacer = Pacer([output], limit=6)
+    assert pacer.every == 3
+    for _ in range(7):
+        pacer.queued()
+    assert pacer._pending == 1  # marked after the 3rd and the 6th batch: the second token
