@@ -66,7 +66,7 @@ def predict_outputs(
     iterator: mx.io.DataIter,
     outputs: Optional[Union[str, Sequence[str]]],
     output_names: Sequence[str],
-    max_batches_ahead: Optional[int] = DEFAULT_MAX_BATCHES_AHEAD,
+    max_batches_ahead: Union[int, str, None] = DEFAULT_MAX_BATCHES_AHEAD,
 ) -> Dict[str, np.ndarray]:
     """Run ``iterator`` forward through the managers ``manager_for(batch)`` gives.
 
@@ -74,7 +74,7 @@ def predict_outputs(
     reset before and after. Copies to the host are queued per batch and read
     once at the end; the host waits for the devices only when it is
     ``max_batches_ahead`` batches of a manager ahead of them (see
-    :mod:`mxoid.pacing`; None: never).
+    :mod:`mxoid.pacing`; ``'auto'``: 64 MiB of inputs; None: never).
     """
     names = _output_names(outputs, output_names)
     parts: Dict[str, List[mx.nd.NDArray]] = {name: [] for name in names}
@@ -141,7 +141,7 @@ class Predictor:
     contexts : Context or list of Context, optional
         Devices; ``[mx.cpu()]`` by default. Each batch is split over them.
     epoch : int, optional
-    max_batches_ahead : int or None, default 64
+    max_batches_ahead : int, 'auto' or None, default 'auto'
         How many batches the host may queue ahead of the devices, as
         :class:`~mxoid.MainLoop`'s (None: no bound).
 
@@ -169,7 +169,7 @@ class Predictor:
         contexts: Union[None, mx.Context, Sequence[mx.Context]] = None,
         *,
         epoch: Optional[int] = None,
-        max_batches_ahead: Optional[int] = DEFAULT_MAX_BATCHES_AHEAD,
+        max_batches_ahead: Union[int, str, None] = DEFAULT_MAX_BATCHES_AHEAD,
     ) -> None:
         self.max_batches_ahead = check_max_batches_ahead(max_batches_ahead)
         symbol, self.arg_params, self.aux_params = load_model(source, epoch)

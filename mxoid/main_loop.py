@@ -130,14 +130,16 @@ class MainLoop:
         the middle of a group, that group's gradients are not applied (a
         warning says so); a checkpoint taken in the middle of a group keeps
         them, and training resumed from it continues the group exactly.
-    max_batches_ahead : int or None, default 64
-        How many batches the host may queue ahead of the devices (at least
-        2). mxoid does not wait for the engine in an epoch, and each batch
-        queued keeps its input arrays until the devices reach it; every
-        ``max_batches_ahead // 2`` batches the loop waits for the batch that
-        many batches back (see :mod:`mxoid.pacing`), so memory stays bounded
-        on a host faster than its devices. Evaluation and prediction keep
-        the same bound. None: no bound (the whole epoch may be queued).
+    max_batches_ahead : int, 'auto' or None, default 'auto'
+        How many batches the host may queue ahead of the devices. mxoid does
+        not wait for the engine in an epoch, and each batch queued keeps its
+        input arrays until the devices reach it; every ``max_batches_ahead //
+        2`` batches the loop waits for the batch that many batches back (see
+        :mod:`mxoid.pacing`), so memory stays bounded on a host faster than
+        its devices. ``'auto'``: as many batches as fit 64 MiB of inputs
+        (between 2 and 1024); an int (at least 2) sets it; None: no bound
+        (the whole epoch may be queued). Evaluation and prediction keep the
+        same bound, for their own batches.
 
     Attributes
     ----------
@@ -205,7 +207,7 @@ class MainLoop:
         fixed_param_names: Optional[Sequence[str]] = None,
         allow_extra: bool = False,
         accumulate_batches: int = 1,
-        max_batches_ahead: Optional[int] = DEFAULT_MAX_BATCHES_AHEAD,
+        max_batches_ahead: Union[int, str, None] = DEFAULT_MAX_BATCHES_AHEAD,
     ) -> None:
         kv = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         try:

@@ -15,32 +15,75 @@ engine writes once the batch's forward pass is computed) into a token, and
 before the next copy waits for the previous token. The host is thus never
 more than ``limit`` batches ahead of the devices' forward passes, and a host
 that is not ahead (the devices keep up) finds the token computed and does not
-block.
+block. By default (``'auto'``) the limit is the number of batches whose inputs
+fit in 64 MiB (:func:`auto_limit`): small batches keep a long lead and wait
+rarely, large ones a short lead.
 """
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Union
 
 import mxnet as mx
+import numpy as np
 
 from .invoke import PreparedCall
 
-__all__ = ["DEFAULT_MAX_BATCHES_AHEAD", "Pacer", "check_max_batches_ahead"]
+__all__ = [
+    "AUTO_LIMITS",
+    "DEFAULT_MAX_BATCHES_AHEAD",
+    "QUEUED_INPUT_BUDGET",
+    "Pacer",
+    "auto_limit",
+    "check_max_batches_ahead",
+]
 
-DEFAULT_MAX_BATCHES_AHEAD = 64
-"""The default of ``MainLoop(max_batches_ahead=...)``: a wait every 32 batches at most."""
+DEFAULT_MAX_BATCHES_AHEAD = "auto"
+"""The default of ``MainLoop(max_batches_ahead=...)``: see :func:`auto_limit`."""
+QUEUED_INPUT_BUDGET = 64 * 2**20
+"""The inputs ``'auto'`` lets the host queue ahead of the devices: 64 MiB."""
+AUTO_LIMITS = (2, 1024)
+"""The least and the most batches ``'auto'`` lets the host queue ahead."""
+
+Limit = Union[int, str, None]
 
 
-def check_max_batches_ahead(value: Optional[int]) -> Optional[int]:
-    """Return ``value`` if it is None or an int of at least 2; raise ``ValueError`` otherwise."""
-    if value is None:
-        return None
+def check_max_batches_ahead(value: Limit) -> Limit:
+    """Return ``value`` if it is None, ``'auto'`` or an int of at least 2; raise ``ValueError``."""
+    if value is None or value == "auto":
+        return value
     if isinstance(value, bool) or not isinstance(value, int) or value < 2:
         raise ValueError(
-            f"max_batches_ahead must be an int >= 2 (or None for no bound), got {value!r}"
+            "max_batches_ahead must be an int >= 2, 'auto' (the default) or None (no "
+            f"bound), got {value!r}"
         )
     return value
+
+
+def auto_limit(batch_bytes: int) -> int:
+    """Return the batches of ``batch_bytes`` of input each that fit :data:`QUEUED_INPUT_BUDGET`.
+
+    Within :data:`AUTO_LIMITS`: 668 batches of MNIST images at batch 32 (100 KB
+    each), 3 of ImageNet's 224 x 224 images at batch 32 (19 MB each), 1024 at
+    most.
+
+    >>> from mxoid.pacing import auto_limit
+    >>> auto_limit(32 * 784 * 4), auto_limit(32 * 3 * 224 * 224 * 4), auto_limit(10)
+    (668, 3, 1024)
+    """
+    least, most = AUTO_LIMITS
+    return max(least, min(most, QUEUED_INPUT_BUDGET // max(1, int(batch_bytes))))
+
+
+def _input_bytes(manager: Any) -> int:
+    """Return the bytes of one batch of the manager's inputs (data and labels)."""
+    total = 0
+    for desc in list(manager.data_descs) + list(manager.label_descs):
+        rows = 1
+        for size in desc.shape:
+            rows *= int(size)
+        total += rows * np.dtype(desc.dtype).itemsize
+    return total
 
 
 class Pacer:
@@ -73,7 +116,8 @@ class Pacer:
     """
 
     def __init__(self, outputs: Sequence[mx.nd.NDArray], limit: int) -> None:
-        check_max_batches_ahead(limit)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 2:
+            raise ValueError(f"a pacer's limit must be an int >= 2, got {limit!r}")
         self.limit = limit
         self.every = limit // 2
         firsts = [array.reshape((-1,))[:1] for array in outputs]  # views, made once
@@ -88,11 +132,16 @@ class Pacer:
         self._batches = 0
 
     @classmethod
-    def of(cls, manager: Any, limit: Optional[int]) -> Optional[Pacer]:
-        """Return a pacer on ``manager``'s first output (an array per device), or None."""
+    def of(cls, manager: Any, limit: Limit) -> Optional[Pacer]:
+        """Return a pacer on ``manager``'s first output (an array per device); None for None.
+
+        ``'auto'`` takes :func:`auto_limit` of the manager's batch of inputs.
+        """
         if limit is None:
             return None
-        return cls(manager.outputs[manager.output_names[0]], limit)
+        if limit == "auto":
+            limit = auto_limit(_input_bytes(manager))
+        return cls(manager.outputs[manager.output_names[0]], int(limit))
 
     def queued(self) -> None:
         """Count a batch queued; at every ``every``-th, :meth:`mark`."""

@@ -301,3 +301,9 @@ def test_a_workers_peak_memory_is_that_of_training_not_of_making_the_data():
     before, after_reset, peak, rss = int(before), int(after_reset), int(peak), int(rss)
     assert before >= 400 * 1024 and after_reset < before - 300 * 1024
     assert peak >= rss >= after_reset + 90 * 1024
+
+
+def test_the_memory_target_allows_what_mxoid_may_queue_ahead_and_no_more():
+    from mxoid.pacing import QUEUED_INPUT_BUDGET
+
+    assert benchmark.QUEUED_INPUT_MIB * 2**20 == QUEUED_INPUT_BUDGET

@@ -14,7 +14,7 @@ import pytest
 from conftest import TWO_CPUS, classification_data, initial_params
 
 from mxoid import Extension, FinishAfter, MainLoop, Predictor
-from mxoid.pacing import Pacer
+from mxoid.pacing import Pacer, auto_limit
 
 FORWARDS = []  # one entry per forward pass of SlowCountedIdentity the engine has run
 
@@ -44,7 +44,8 @@ class SlowCountedIdentityProp(mx.operator.CustomOpProp):
 def slow_net():
     data = mx.sym.Variable("data")
     slow = mx.sym.Custom(data, op_type="mxoid_slow_counted_identity")
-    return mx.sym.SoftmaxOutput(mx.sym.FullyConnected(slow, num_hidden=3, name="fc"), name="softmax")
+    fc = mx.sym.FullyConnected(slow, num_hidden=3, name="fc")
+    return mx.sym.SoftmaxOutput(fc, name="softmax")
 
 
 class Lead(Extension):
@@ -136,10 +137,30 @@ def test_a_bounded_loop_trains_what_an_unbounded_one_does():
         np.testing.assert_array_equal(params[0][name], params[1][name])
 
 
-@pytest.mark.parametrize("bad", [0, 1, -3, 2.0, "8", True])
-def test_max_batches_ahead_must_be_an_int_of_at_least_two(bad):
-    with pytest.raises(ValueError, match="max_batches_ahead must be an int >= 2"):
+@pytest.mark.parametrize("bad", [0, 1, -3, 2.0, "8", "Auto", True])
+def test_max_batches_ahead_must_be_an_int_of_at_least_two_auto_or_none(bad):
+    with pytest.raises(ValueError, match="max_batches_ahead must be an int >= 2, 'auto'"):
         loop_on(1, bad)
+
+
+def test_auto_lets_the_host_queue_64_mib_of_inputs_between_2_and_1024_batches():
+    """The default: a long lead for small batches, a short one for large ones."""
+    data = mx.sym.Variable("data")
+    net = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(data, num_hidden=3), name="softmax")
+    for shape, expected in (
+        ((10, 10), 1024),  # 440 bytes a batch: the most
+        ((4, 3, 256, 256), 64 * 2**20 // (4 * 3 * 256 * 256 * 4 + 4 * 4)),  # 21
+        ((2, 1, 2048, 2048), 2),  # 32 MiB a batch: one fits, the least is 2
+    ):
+        X = np.zeros(shape, dtype=np.float32)
+        y = np.zeros(shape[0], dtype=np.float32)
+        loop = MainLoop(
+            net,
+            mx.io.NDArrayIter(X, y, batch_size=shape[0], label_name="softmax_label"),
+            extensions=[FinishAfter(after_n_batches=1)],
+        )
+        assert loop.max_batches_ahead == "auto" and loop._pacer.limit == expected
+        assert auto_limit(X.nbytes + y.nbytes) == expected
 
 
 def test_a_pacer_marks_every_half_limit():
@@ -149,3 +170,36 @@ def test_a_pacer_marks_every_half_limit():
     for _ in range(7):
         pacer.queued()
     assert pacer._pending == 1  # marked after the 3rd and the 6th batch: the second token
+
+
+def peak_growth_mib(limit):
+    """Peak resident memory while training 120 batches of 3 MB on the slow network."""
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "benchmarks"))
+    from contenders import _peak_rss_kib, _reset_peak_rss, _rss_kib
+
+    rng = np.random.RandomState(0)
+    X = rng.rand(120 * 32, 3, 88, 88).astype(np.float32)  # 3 MB a batch of 32
+    y = rng.randint(0, 3, 120 * 32).astype(np.float32)
+    net = slow_net()
+    loop = MainLoop(
+        net,
+        mx.io.NDArrayIter(X, y, batch_size=32, label_name="softmax_label"),
+        arg_params=initial_params(net, (32, 3, 88, 88)),
+        max_batches_ahead=limit,
+        extensions=[FinishAfter(after_n_epochs=1)],
+    )
+    mx.nd.waitall()
+    before = _rss_kib()
+    assert _reset_peak_rss()
+    loop.run()
+    return (_peak_rss_kib() - before) / 1024
+
+
+def test_the_bound_bounds_memory_where_an_unbounded_host_queues_the_epoch():
+    """The README's claim: each queued batch keeps its inputs, and 'auto' keeps 64 MiB."""
+    unbounded = peak_growth_mib(None)
+    auto = peak_growth_mib("auto")  # 21 batches of 3 MB
+    assert unbounded > 200  # most of the 120 batches' 360 MB queued at once
+    assert auto < 64 + 40  # the inputs 'auto' allows, and the network's own arrays
