@@ -6,12 +6,11 @@ A custom operator that takes 5 ms on MXNet's engine makes the devices slower tha
 host, so the loop runs ahead of them; the operator counts the forward passes the engine
 has run."""
 
-import time
-
 import mxnet as mx
 import numpy as np
 import pytest
 from conftest import TWO_CPUS, classification_data, initial_params
+from slow_ops import register_slow_identity
 
 from mxoid import Extension, FinishAfter, MainLoop, Predictor
 from mxoid.pacing import Pacer, auto_limit
@@ -19,26 +18,7 @@ from mxoid.pacing import Pacer, auto_limit
 FORWARDS = []  # one entry per forward pass of SlowCountedIdentity the engine has run
 
 
-class SlowCountedIdentity(mx.operator.CustomOp):
-    def forward(self, is_train, req, in_data, out_data, aux):
-        time.sleep(0.005)
-        self.assign(out_data[0], req[0], in_data[0])
-        FORWARDS.append(1)
-
-    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
-        self.assign(in_grad[0], req[0], out_grad[0])
-
-
-@mx.operator.register("mxoid_slow_counted_identity")
-class SlowCountedIdentityProp(mx.operator.CustomOpProp):
-    def __init__(self):
-        super().__init__(need_top_grad=True)
-
-    def infer_shape(self, in_shape):
-        return in_shape, in_shape, []
-
-    def create_operator(self, ctx, shapes, dtypes):
-        return SlowCountedIdentity()
+register_slow_identity("mxoid_slow_counted_identity", 0.005, FORWARDS)
 
 
 def slow_net():

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from conftest import classification_data
 from scripted import Script, small_loop
+from slow_ops import register_slow_identity
 
 from mxoid import Extension, FinishAfter, MainLoop, Printing, ProgressBar, TrackBest
 from mxoid.checkpoint.data_position import batches_per_epoch
@@ -173,28 +174,7 @@ def test_printing_through_python_logging(caplog):
 FORWARDS = []  # one entry per forward pass the engine has run of SlowIdentity
 
 
-class SlowIdentity(mx.operator.CustomOp):
-    """The identity, taking 20 ms on MXNet's engine: the loop runs ahead of it."""
-
-    def forward(self, is_train, req, in_data, out_data, aux):
-        time.sleep(0.02)
-        self.assign(out_data[0], req[0], in_data[0])
-        FORWARDS.append(1)
-
-    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
-        self.assign(in_grad[0], req[0], out_grad[0])
-
-
-@mx.operator.register("mxoid_slow_identity")
-class SlowIdentityProp(mx.operator.CustomOpProp):
-    def __init__(self):
-        super().__init__(need_top_grad=True)
-
-    def infer_shape(self, in_shape):
-        return in_shape, in_shape, []
-
-    def create_operator(self, ctx, shapes, dtypes):
-        return SlowIdentity()
+register_slow_identity("mxoid_slow_identity", 0.02, FORWARDS)  # 20 ms a pass
 
 
 class CountWhatIsComputed(Extension):
