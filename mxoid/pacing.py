@@ -11,8 +11,9 @@ ahead (it reads every batch's outputs); mxoid keeps its lead, but bounds it.
 
 :class:`Pacer` does it with one small copy and one wait every ``limit / 2``
 batches: it copies one element of each device's first output (which the
-engine writes once the batch's forward pass is computed) into a token, and
-before the next copy waits for the previous token. The host is thus never
+engine writes once the batch's forward pass is computed) into a token
+(:class:`BatchMarks`, which ProgressBar uses too), and before the next copy
+waits for the previous token. The host is thus never
 more than ``limit`` batches ahead of the devices' forward passes, and a host
 that is not ahead (the devices keep up) finds the token computed and does not
 block. By default (``'auto'``) the limit is the number of batches whose inputs
@@ -31,6 +32,7 @@ from .invoke import PreparedCall
 
 __all__ = [
     "AUTO_LIMITS",
+    "BatchMarks",
     "DEFAULT_MAX_BATCHES_AHEAD",
     "QUEUED_INPUT_BUDGET",
     "Pacer",
@@ -86,6 +88,60 @@ def _input_bytes(manager: Any) -> int:
     return total
 
 
+class BatchMarks:
+    """Tokens the engine writes once a batch's forward pass is computed, on every device.
+
+    :meth:`mark` queues, after the work queued so far, a copy of one element of
+    each device's output into a token set (two sets, used in turn), and
+    returns its position; :meth:`wait` waits for a set. Waiting for a mark
+    waits for that batch's forward pass alone, not for the work queued after
+    it (``wait_to_read`` on the output itself would). A mark stays valid until
+    the second mark after it reuses its set.
+
+    Parameters
+    ----------
+    outputs : sequence of NDArray
+        One output array per device, the one every forward pass writes (the
+        executors' bound output arrays).
+
+    Examples
+    --------
+    >>> import mxnet as mx
+    >>> from mxoid.pacing import BatchMarks
+    >>> marks = BatchMarks([mx.nd.ones((4, 3))])
+    >>> marks.wait(marks.mark())
+    """
+
+    def __init__(self, outputs: Sequence[mx.nd.NDArray]) -> None:
+        firsts = [array.reshape((-1,))[:1] for array in outputs]  # views, made once
+        self._tokens: List[List[mx.nd.NDArray]] = [
+            [mx.nd.zeros((1,), first.context, first.dtype) for first in firsts] for _ in range(2)
+        ]
+        self._copies = [
+            [PreparedCall("_copyto", [first], [token]) for first, token in zip(firsts, tokens)]
+            for tokens in self._tokens
+        ]
+        self._next = 0
+
+    @classmethod
+    def of(cls, manager: Any) -> BatchMarks:
+        """Return marks on ``manager``'s first output (an array per device)."""
+        return cls(manager.outputs[manager.output_names[0]])
+
+    def mark(self) -> int:
+        """Mark the batch just queued; return the mark's position."""
+        position = self._next
+        self._next = 1 - position
+        for copy in self._copies[position]:
+            copy()
+        return position
+
+    def wait(self, position: int) -> None:
+        """Wait until the batch marked at ``position`` is computed on every device."""
+        for token in self._tokens[position]:
+            token.wait_to_read()
+
+
 class Pacer:
     """Keep the host at most ``limit`` batches ahead of the devices' forward passes.
 
@@ -120,14 +176,7 @@ class Pacer:
             raise ValueError(f"a pacer's limit must be an int >= 2, got {limit!r}")
         self.limit = limit
         self.every = limit // 2
-        firsts = [array.reshape((-1,))[:1] for array in outputs]  # views, made once
-        self._tokens: List[List[mx.nd.NDArray]] = [
-            [mx.nd.zeros((1,), first.context, first.dtype) for first in firsts] for _ in range(2)
-        ]
-        self._copies = [
-            [PreparedCall("_copyto", [first], [token]) for first, token in zip(firsts, tokens)]
-            for tokens in self._tokens
-        ]
+        self._marks = BatchMarks(outputs)
         self._pending: Optional[int] = None
         self._batches = 0
 
@@ -152,11 +201,6 @@ class Pacer:
 
     def mark(self) -> None:
         """Wait for the previous mark's batch to be computed, then mark the batch just queued."""
-        pending = self._pending
-        if pending is not None:
-            for token in self._tokens[pending]:
-                token.wait_to_read()
-        position = 0 if pending is None else 1 - pending
-        for copy in self._copies[position]:
-            copy()
-        self._pending = position
+        if self._pending is not None:
+            self._marks.wait(self._pending)
+        self._pending = self._marks.mark()

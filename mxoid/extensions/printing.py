@@ -8,13 +8,12 @@ import sys
 from time import perf_counter
 from typing import IO, Any, Dict, List, Optional, Tuple
 
-import mxnet as mx
 import numpy as np
 from tqdm import tqdm
 
 from ..checkpoint.data_position import batches_per_epoch
-from ..invoke import PreparedCall
 from ..log.records import BEST_ITERATION, NEW_BEST, counted, format_value
+from ..pacing import BatchMarks
 from .base import Extension
 
 __all__ = ["Printing", "ProgressBar"]
@@ -168,10 +167,11 @@ class ProgressBar(Extension):
 
     MXNet's engine computes batches after the loop has handed them over, so a
     count of batches handed over runs ahead of the work. The bar counts a batch
-    once its outputs (device 0's) are computed, and catches up at most every
+    once its outputs are computed on every device, and catches up at most every
     ``mininterval`` seconds, when tqdm would redraw anyway: it then waits for
     the batch it marked at its previous catch-up, counts it and those before
-    it, and marks the current batch (a copy of one output row). Between
+    it, and marks the current batch (a copy of one output element per device,
+    :class:`~mxoid.pacing.BatchMarks`). Between
     catch-ups it does not touch the engine. So the count never includes a
     batch the engine has not computed, trails the loop by the batches handed
     over since the previous catch-up, and the loop never runs further ahead
@@ -243,10 +243,8 @@ class ProgressBar(Extension):
         self.computed = 0
         self._epoch_length: Optional[int] = None
         self._caught_up = 0.0  # perf_counter() of the last catch-up (or of the bar's opening)
-        self._mark: Optional[Tuple[mx.nd.NDArray, int]] = None  # (token, batches of the epoch)
-        self._tokens: List[mx.nd.NDArray] = []
-        self._copies: List[PreparedCall] = []  # first output row -> each of two tokens
-        self._next_token = 0
+        self._mark: Optional[Tuple[int, int]] = None  # (mark, batches of the epoch)
+        self._marks: Optional[BatchMarks] = None
 
     def before_epoch(self) -> None:
         """Open a new bar for the epoch, closing the previous one."""
@@ -291,31 +289,24 @@ class ProgressBar(Extension):
     def _catch_up(self) -> None:
         """Count up to the batch marked last time (waiting for it), then mark this one."""
         if self._mark is not None:
-            token, batches = self._mark
-            token.wait_to_read()
+            mark, batches = self._mark
+            self._batch_marks().wait(mark)
             self._count(batches - self.computed)
-        self._mark = (self._token(), self.main_loop.status.iterations_done_in_epoch)
+        self._mark = (self._batch_marks().mark(), self.main_loop.status.iterations_done_in_epoch)
         self._caught_up = perf_counter()
 
-    def _token(self) -> mx.nd.NDArray:
-        """Return a small array the engine writes once this batch's outputs are computed."""
-        if not self._tokens:
-            manager = self.main_loop.manager
-            first_row = manager.outputs[manager.output_names[0]][0][:1]  # a view, made once
-            self._tokens = [
-                mx.nd.zeros(first_row.shape, first_row.context, first_row.dtype) for _ in range(2)
-            ]
-            self._copies = [PreparedCall("_copyto", [first_row], [t]) for t in self._tokens]
-        position = self._next_token
-        self._next_token = 1 - position
-        self._copies[position]()
-        return self._tokens[position]
+    def _batch_marks(self) -> BatchMarks:
+        """Return the marks on the loop's outputs (made at the first use)."""
+        if self._marks is None:
+            self._marks = BatchMarks.of(self.main_loop.manager)
+        return self._marks
 
     def _drain(self) -> None:
         """Wait for the loop's last batch and count every batch handed over."""
         done = self.main_loop.status.iterations_done_in_epoch
         if done > self.computed:
-            self._token().wait_to_read()
+            marks = self._batch_marks()
+            marks.wait(marks.mark())
             self._count(done - self.computed)
         self._mark = None
 
