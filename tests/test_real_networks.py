@@ -44,7 +44,7 @@ def host(params):
     return {name: value.asnumpy() for name, value in params.items()}
 
 
-def make_loop(name, contexts, extensions, kvstore="local", resume_from=None, n=128):
+def make_loop(name, contexts, extensions, kvstore="local", resume_from=None, n=128, **options):
     net = network(name)
     args, aux = initial_params(net, (BATCH, 1, 8, 8))
     mx.random.seed(SEED)
@@ -60,6 +60,7 @@ def make_loop(name, contexts, extensions, kvstore="local", resume_from=None, n=1
         extensions=extensions,
         resume_from=resume_from,
         exit_on_interrupt=False,
+        **options,
     )
 
 
@@ -311,6 +312,33 @@ def test_evaluation_at_the_training_batch_size_does_not_change_training(name, de
     assert_same(plain[1], evaluated[1])
     for key in skip:
         assert np.all(evaluated[0][key] == 1.0)
+
+
+@pytest.mark.parametrize("name", NETWORKS)
+def test_waiting_for_the_engine_every_batch_changes_nothing_trained(name):
+    """The bound on the host's lead at its tightest (max_batches_ahead=2: a mark and a wait
+    after every training and evaluation batch) against no bound, on two devices, with
+    Evaluate at the training batch size and TrainingMonitoring: the same parameters,
+    BatchNorm statistics and records, bit for bit."""
+
+    def run(limit):
+        extensions = [
+            FinishAfter(after_n_epochs=2),
+            Evaluate({"valid": valid_iter()}, ["acc", "ce"]),
+            TrainingMonitoring(["acc", "ce"]),
+        ]
+        loop = make_loop(name, TWO_CPUS, extensions, max_batches_ahead=limit).run()
+        records = [
+            {k: v for k, v in row.items() if k.startswith(("valid_", "train_"))}
+            for _, row in loop.log.items()
+        ]
+        return loop_params(loop), records
+
+    (tight_args, tight_aux), tight_records = run(2)
+    (free_args, free_aux), free_records = run(None)
+    assert_same(tight_args, free_args)
+    assert_same(tight_aux, free_aux)
+    assert tight_records == free_records and any(tight_records)
 
 
 # ----------------------------------------------------------------- resumption

@@ -235,6 +235,9 @@ class Evaluate(_MetricsExtension):
                 self._accumulators[name] = self._accumulator(loop, iterator, bound)
             except ValueError as error:
                 raise ValueError(f"{self.name}, iterator {name!r}: {error}") from None
+            # The host's lead over the devices bounded, as in training.
+            manager = self._accumulators[name].manager
+            self._pacers[name] = Pacer.of(manager, loop.max_batches_ahead)
 
     @staticmethod
     def _accumulator(
@@ -289,9 +292,7 @@ class Evaluate(_MetricsExtension):
         manager = accumulator.manager
         accumulator.reset()
         iterator.reset()
-        pacer = self._pacers.get(name)
-        if name not in self._pacers:  # bound the host's lead, as the loop does
-            pacer = self._pacers[name] = Pacer.of(manager, self.main_loop.max_batches_ahead)
+        pacer = self._pacers[name]
         try:
             for batch in iterator:
                 manager.load_data_batch(batch)
