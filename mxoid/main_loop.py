@@ -13,10 +13,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import mxnet as mx
 import numpy as np
 
-from .checkpoint import CheckpointContents, CheckpointError, find_checkpoint
+from .checkpoint import CheckpointContents, find_checkpoint
 from .checkpoint.compatibility import check_resumable
 from .checkpoint.data_position import DataPosition
-from .checkpoint.random_state import get_random_states, set_random_states
+from .checkpoint.loop_state import loop_state, restore_loop_state
 from .distributed.servers import is_distributed
 from .distributed.workers import (
     agree_to_stop,
@@ -41,7 +41,7 @@ from .interrupt import (
 )
 from .log import TrainingLog, TrainingStatus
 from .log.files import RESUMED_FROM
-from .log.records import TRAINING_FINISH_REQUESTED, plain_value
+from .log.records import TRAINING_FINISH_REQUESTED
 from .pacing import DEFAULT_MAX_BATCHES_AHEAD, Pacer, check_max_batches_ahead
 from .update import KVStoreLike, create_kvstore, prepare_update
 
@@ -681,98 +681,26 @@ class MainLoop:
     def state_dict(self) -> Dict[str, Any]:
         """Return the loop's state as plain JSON-ready data, for a checkpoint.
 
-        Holds the log (records as plain values, see
-        :func:`mxoid.log.records.plain_value`) with the status, each
-        extension's ``state_dict()``, NumPy's and Python's random states, the
-        training iterator's position, and what :meth:`load_state_dict`
-        checks: the run, the devices, the batch size, the optimizer's
-        settings. Parameters and optimizer states are saved apart, in MXNet's
-        own formats (see :mod:`mxoid.checkpoint.format`).
+        Holds the log with the status, each extension's ``state_dict()``, the
+        random states, the training iterator's position, and what
+        :meth:`load_state_dict` checks; see :func:`mxoid.checkpoint.loop_state.loop_state`.
+        Parameters and optimizer states are saved apart, in MXNet's own formats
+        (see :mod:`mxoid.checkpoint.format`).
         """
-        log_state = self.log.state_dict()
-        log_state["rows"] = [
-            [i, {k: plain_value(v) for k, v in row.items()}] for i, row in log_state["rows"]
-        ]
-        return {
-            "log": log_state,
-            "status": self.status.state_dict(),
-            "extensions": self.dispatcher.state_dict(),
-            "random": get_random_states(),
-            "data_position": self.data_position.state_dict(),
-            "num_devices": len(self.contexts),
-            "update_on_kvstore": self.update_on_kvstore,
-            "batch_size": self.manager.batch_size,
-            "run_id": self.run_id,
-            "optimizer": self.update.settings,
-            "accumulate_batches": self.accumulate_batches,
-            "fixed_param_names": list(self.manager.fixed_param_names),
-        }
+        return loop_state(self)
 
     def load_state_dict(self, checkpoint: CheckpointContents) -> None:
         """Continue the run of ``checkpoint``.
 
         Restore its optimizer states, log, status, extension states, iterator
-        position and random states (the parameters are set at construction).
-
-        What must match was checked when the checkpoint was chosen (see
+        position and random states (the parameters are set at construction);
+        see :func:`mxoid.checkpoint.loop_state.restore_loop_state`. What must
+        match was checked when the checkpoint was chosen (see
         :func:`~mxoid.checkpoint.compatibility.check_resumable`); optimizer
         settings given to this loop that differ from those the run started with
         win, with a warning each.
         """
-        state = checkpoint.loop_state
-        if checkpoint.optimizer_states is not None:
-            started = (state.get("optimizer") or {}).get("settings", {})
-            for change in self.update.load_states(
-                checkpoint.optimizer_states, started, checkpoint.path
-            ):
-                warnings.warn(f"resuming from {checkpoint.path} with {change}", stacklevel=3)
-        self.log.load_state_dict(state["log"])
-        self.log.current_row[RESUMED_FROM] = checkpoint.path
-        status = self.status
-        status.load_state_dict(state["status"])
-        if "updates_done" not in state["status"]:  # mxoid 0.1: one update per batch
-            status.updates_done = status.iterations_done
-        if checkpoint.gradients:
-            self._restore_gradients(checkpoint.gradients)
-        fixed = state.get("fixed_param_names")
-        if fixed is not None and sorted(fixed) != sorted(self.manager.fixed_param_names):
-            warnings.warn(
-                f"resuming from {checkpoint.path} with fixed_param_names="
-                f"{self.manager.fixed_param_names} (the run had {fixed})",
-                stacklevel=3,
-            )
-        status.stop_requested, status.stop_reason = False, None
-        status.training_finished, status.epoch_interrupt_received = False, False
-        status.interrupted = None
-        if self.kvstore is not None:
-            status.rank, status.num_workers = self.kvstore.rank, self.kvstore.num_workers
-        self.run_id = state.get("run_id") or checkpoint.run_id or self.run_id
-        try:
-            self.dispatcher.load_state_dict(state["extensions"])
-        except ValueError as error:
-            raise CheckpointError(f"checkpoint {checkpoint.path}: {error}") from None
-        self.data_position.restore(
-            state["data_position"],
-            status.epochs_done,
-            status.epoch_started,
-            status.iterations_done_in_epoch,
-        )
-        set_random_states(state["random"])
-        if state.get("mxnet_seed") is not None:
-            mx.random.seed(int(state["mxnet_seed"]))
-        self.resumed_from = checkpoint.path
-        logger.info(
-            "resumed from %s after %d epochs, %d batches",
-            checkpoint.path,
-            status.epochs_done,
-            status.iterations_done,
-        )
-
-    def _restore_gradients(self, gradients: Dict[str, mx.nd.NDArray]) -> None:
-        for name, grads in zip(self.manager.param_names, self.manager.grad_arrays):
-            for device, grad in enumerate(grads):
-                if grad is not None:
-                    gradients[f"{device}:{name}"].copyto(grad)
+        restore_loop_state(self, checkpoint, stacklevel=4)
 
     # -------------------------------------------------------------- profile
     def profile(self) -> List[tuple]:

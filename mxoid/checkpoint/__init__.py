@@ -4,11 +4,13 @@
 - :mod:`.directory`: a directory of checkpoints: their order, the lock of the run
   writing them, tidying after interrupted writes, and what ``resume_from`` names;
 - :mod:`.data_position`: where the training iterator stands, to resume mid-epoch;
-- :mod:`.random_state`: NumPy's and Python's random states as plain data.
+- :mod:`.random_state`: NumPy's and Python's random states as plain data;
+- :mod:`.loop_state`: what a checkpoint holds of the loop itself, and how
+  resumption gives it back.
 
 The :class:`~mxoid.extensions.Checkpoint` extension writes checkpoints;
 :meth:`mxoid.MainLoop.state_dict` and :meth:`~mxoid.MainLoop.load_state_dict`
-say what the loop puts in them.
+(through :mod:`.loop_state`) say what the loop puts in them.
 """
 
 from .directory import (

@@ -17,9 +17,9 @@ from checkpointing import (
     monitoring,
     params_of,
 )
-from conftest import classification_data
+from conftest import TWO_CPUS, classification_data, initial_params, mlp
 
-from mxoid import CheckpointError, Extension, FinishAfter, read_log
+from mxoid import Checkpoint, CheckpointError, Extension, FinishAfter, MainLoop, read_log
 from mxoid.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
 from mxoid.extensions import EarlyStopping
 
@@ -98,6 +98,30 @@ def test_raised_limit_goes_on_to_it(tmp_path):
     make_loop(tmp_path, FinishAfter(after_n_epochs=2)).run()
     later = make_loop(tmp_path, FinishAfter(after_n_epochs=4), resume=True).run()
     assert (later.status.epochs_done, later.status.iterations_done) == (4, 40)
+
+
+def test_a_setting_changed_on_resumption_wins_with_a_warning_at_the_users_line(tmp_path):
+    """The warning names the setting and points at the line that built the loop."""
+    make_loop(tmp_path, FinishAfter(after_n_batches=3), optimizer="sgd").run()
+    X, y = classification_data(n=200)
+    np.random.seed(5)
+    net = mlp()
+    with pytest.warns(
+        UserWarning, match=r"the optimizer's lr=0\.05 given to this MainLoop"
+    ) as seen:
+        loop = MainLoop(
+            net,
+            mx.io.NDArrayIter(X, y, batch_size=20, shuffle=True, label_name="softmax_label"),
+            contexts=TWO_CPUS,
+            optimizer="sgd",
+            optimizer_params={"learning_rate": 0.05, "momentum": 0.9},
+            arg_params=initial_params(net, (20, 10)),
+            extensions=[FinishAfter(after_n_epochs=1), Checkpoint(str(tmp_path))],
+            resume_from=str(tmp_path),
+        )
+    changed = [w for w in seen if "given to this MainLoop" in str(w.message)]
+    assert changed and all(w.filename == __file__ for w in changed)
+    assert loop.optimizer.lr == 0.05 and loop.status.iterations_done == 3
 
 
 def test_resume_from_a_folder_without_checkpoint_starts_from_scratch(tmp_path):

@@ -1,0 +1,123 @@
+"""What a checkpoint holds of the loop itself, and how resumption gives it back.
+
+:func:`loop_state` is what :meth:`mxoid.MainLoop.state_dict` returns (the
+``loop.json`` of a checkpoint folder, :data:`~mxoid.checkpoint.format.LOOP_STATE_KEYS`
+and more); :func:`restore_loop_state` is what :meth:`~mxoid.MainLoop.load_state_dict`
+does with a checkpoint. They take the loop as an argument and read or set its
+parts: the log and status, the extensions (through the dispatcher), the
+optimizer step (``loop.update``), the training iterator's position, the random
+states and the gradients of an unfinished accumulation group.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any, Dict
+
+import mxnet as mx
+
+from ..log.files import RESUMED_FROM
+from ..log.records import plain_value
+from .format import CheckpointContents, CheckpointError
+from .random_state import get_random_states, set_random_states
+
+__all__ = ["loop_state", "restore_loop_state"]
+
+logger = logging.getLogger("mxoid.main_loop")  # where resumption has always been logged
+
+
+def loop_state(loop: Any) -> Dict[str, Any]:
+    """Return ``loop``'s state as plain JSON-ready data, for a checkpoint.
+
+    Holds the log (records as plain values, see
+    :func:`mxoid.log.records.plain_value`) with the status, each extension's
+    ``state_dict()``, NumPy's and Python's random states, the training
+    iterator's position, and what :func:`restore_loop_state` checks: the run,
+    the devices, the batch size, the optimizer's settings.
+    """
+    log_state = loop.log.state_dict()
+    log_state["rows"] = [
+        [i, {k: plain_value(v) for k, v in row.items()}] for i, row in log_state["rows"]
+    ]
+    return {
+        "log": log_state,
+        "status": loop.status.state_dict(),
+        "extensions": loop.dispatcher.state_dict(),
+        "random": get_random_states(),
+        "data_position": loop.data_position.state_dict(),
+        "num_devices": len(loop.contexts),
+        "update_on_kvstore": loop.update_on_kvstore,
+        "batch_size": loop.manager.batch_size,
+        "run_id": loop.run_id,
+        "optimizer": loop.update.settings,
+        "accumulate_batches": loop.accumulate_batches,
+        "fixed_param_names": list(loop.manager.fixed_param_names),
+    }
+
+
+def restore_loop_state(loop: Any, checkpoint: CheckpointContents, stacklevel: int = 2) -> None:
+    """Make ``loop`` continue the run of ``checkpoint``.
+
+    Restore its optimizer states, log, status, extension states, iterator
+    position and random states (the parameters are set at construction). An
+    optimizer setting of the loop that differs from the run's wins, with a
+    warning (``stacklevel`` as ``warnings.warn`` takes it, from this function's
+    caller).
+    """
+    state = checkpoint.loop_state
+    if checkpoint.optimizer_states is not None:
+        started = (state.get("optimizer") or {}).get("settings", {})
+        for change in loop.update.load_states(
+            checkpoint.optimizer_states, started, checkpoint.path
+        ):
+            warnings.warn(f"resuming from {checkpoint.path} with {change}", stacklevel=stacklevel)
+    loop.log.load_state_dict(state["log"])
+    loop.log.current_row[RESUMED_FROM] = checkpoint.path
+    status = loop.status
+    status.load_state_dict(state["status"])
+    if "updates_done" not in state["status"]:  # mxoid 0.1: one update per batch
+        status.updates_done = status.iterations_done
+    if checkpoint.gradients:
+        _restore_gradients(loop.manager, checkpoint.gradients)
+    fixed = state.get("fixed_param_names")
+    if fixed is not None and sorted(fixed) != sorted(loop.manager.fixed_param_names):
+        warnings.warn(
+            f"resuming from {checkpoint.path} with fixed_param_names="
+            f"{loop.manager.fixed_param_names} (the run had {fixed})",
+            stacklevel=stacklevel,
+        )
+    status.stop_requested, status.stop_reason = False, None
+    status.training_finished, status.epoch_interrupt_received = False, False
+    status.interrupted = None
+    if loop.kvstore is not None:
+        status.rank, status.num_workers = loop.kvstore.rank, loop.kvstore.num_workers
+    loop.run_id = state.get("run_id") or checkpoint.run_id or loop.run_id
+    try:
+        loop.dispatcher.load_state_dict(state["extensions"])
+    except ValueError as error:
+        raise CheckpointError(f"checkpoint {checkpoint.path}: {error}") from None
+    loop.data_position.restore(
+        state["data_position"],
+        status.epochs_done,
+        status.epoch_started,
+        status.iterations_done_in_epoch,
+    )
+    set_random_states(state["random"])
+    if state.get("mxnet_seed") is not None:
+        mx.random.seed(int(state["mxnet_seed"]))
+    loop.resumed_from = checkpoint.path
+    logger.info(
+        "resumed from %s after %d epochs, %d batches",
+        checkpoint.path,
+        status.epochs_done,
+        status.iterations_done,
+    )
+
+
+def _restore_gradients(manager: Any, gradients: Dict[str, mx.nd.NDArray]) -> None:
+    """Copy a checkpoint's ``'<device>:<parameter>'`` gradients into the manager's."""
+    for name, grads in zip(manager.param_names, manager.grad_arrays):
+        for device, grad in enumerate(grads):
+            if grad is not None:
+                gradients[f"{device}:{name}"].copyto(grad)
