@@ -637,9 +637,18 @@ def _peak_rss_kib() -> Optional[int]:
 
 
 def run_worker(spec_path: str) -> None:
-    """Train one contender as ``spec_path`` describes; write ``result.json`` and ``params.npz``."""
+    """Train one contender as ``spec_path`` describes; write ``result.json`` and ``params.npz``.
+
+    A spec naming several ``contenders`` trains them in turns in this process
+    (:func:`interleave.run_interleaved_worker`).
+    """
     with open(spec_path) as f:
         spec = json.load(f)
+    if "contenders" in spec:
+        import interleave
+
+        interleave.run_interleaved_worker(spec_path)
+        return
     spec["notes"] = []
     function = CONTENDERS[spec["contender"]][0]
     X, y = make_data(spec["model"], spec["samples"])

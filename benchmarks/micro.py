@@ -9,14 +9,14 @@
 2. Per-batch cost of extensions: a bare MainLoop (FinishAfter only) against the
    same loop plus one everyday extension (TrainingMonitoring of accuracy and
    cross-entropy, ProgressBar, Printing, Timing, JSONLinesLog) or all of them,
-   on the MLP at batch 32, in one process, the variants interleaved over several
-   rounds (each run's median epoch, then the best run of each variant). The
-   wall-clock difference per batch counts everything the
-   extension makes the loop do, device work included; the CPU-time difference
-   (every thread of the process) counts the same work and is less disturbed by
-   other processes on a shared machine; the host time in its
-   per-batch hooks (``before_batch``, ``after_batch``) comes from the loop's
-   own profile.
+   on the MLP at batch 32, the variants trained in turns in one process, an
+   epoch each per round (``interleave.py``, as ``run.py`` trains its
+   contenders). Per variant: the wall-clock and CPU-time (every thread)
+   differences per batch to the bare loop's epoch of the same round (medians
+   over the rounds), which count everything the extension makes the loop do,
+   device work included; its throughput over the bare loop's, round by round,
+   with a 90% interval; and the host time in its per-batch hooks
+   (``before_batch``, ``after_batch``) from the loop's own profile.
 
 Usage::
 
@@ -49,25 +49,22 @@ SIZES = {
     "full": {
         "fires": 20000,
         "repeats": 7,
-        "samples": 4096,
-        "epochs": 3,
-        "rounds": 5,
+        "samples": 8192,
+        "rounds": 30,
         "cells": [(1, None), (2, ("TrainingMonitoring", "all everyday"))],
     },
     "quick": {
         "fires": 5000,
         "repeats": 5,
-        "samples": 2048,
-        "epochs": 2,
-        "rounds": 2,
+        "samples": 4096,
+        "rounds": 10,
         "cells": [(1, None)],
     },
     "tiny": {
         "fires": 500,
         "repeats": 2,
         "samples": 256,
-        "epochs": 1,
-        "rounds": 1,
+        "rounds": 2,
         "cells": [(1, ("TrainingMonitoring", "all everyday"))],
     },
 }
@@ -141,92 +138,117 @@ def _silence_stdout():
     return open(os.devnull, "w")
 
 
-def loop_run(data, num_contexts: int, extensions: list, epochs: int) -> Dict[str, object]:
-    X, y = data
-    train = mx.io.NDArrayIter(X, y, batch_size=32, shuffle=False, label_name="softmax_label")
-    clock = contenders.EpochClock()
-    loop = MainLoop(
-        contenders.build_symbol("mlp"),
-        train,
-        contexts=contenders.contexts(num_contexts),
-        optimizer="sgd",
-        optimizer_params=dict(contenders.OPTIMIZER_PARAMS),
-        arg_params={k: mx.nd.array(v) for k, v in contenders.initial_params("mlp").items()},
-        extensions=[
-            FinishAfter(after_n_epochs=1 + epochs),
-            *extensions,
-            contenders._clock_extension(clock),
-        ],
-    )
-    stdout, sys.stdout = sys.stdout, _silence_stdout()
-    try:
-        clock.tick()
+def variant_function(extensions: Callable[[], list], profiles: Dict[str, list], name: str):
+    """A training function for ``interleave.Player``: the bare loop plus ``extensions()``,
+    which notes the loop's hook profile (for the host time in the per-batch hooks)."""
+
+    def train(spec, iterator, init, clock):
+        added = extensions()
+        loop = MainLoop(
+            contenders.build_symbol("mlp"),
+            iterator,
+            contexts=contenders.contexts(spec["contexts"]),
+            optimizer="sgd",
+            optimizer_params=dict(contenders.OPTIMIZER_PARAMS),
+            arg_params={k: mx.nd.array(v) for k, v in init.items()},
+            extensions=[
+                FinishAfter(after_n_epochs=spec["epochs"]),
+                *added,
+                contenders._clock_extension(clock),
+            ],
+        )
         loop.run()
-    finally:
-        sys.stdout.close()
-        sys.stdout = stdout
-    seconds = np.diff(clock.stamps)[1:]
-    cpu_seconds = np.diff(clock.cpu_stamps)[1:]
-    batches = loop.status.iterations_done // (1 + epochs)
-    names = {e.name for e in extensions}
-    # Only the per-batch hooks: an after_epoch hook that reads a value back waits
-    # there for the epoch's queued work, which is not its own cost.
-    hook_seconds = sum(
-        s
-        for name, hook, _, s in loop.profile()
-        if name in names and hook in ("before_batch", "after_batch")
-    )
-    return {
-        "batch_seconds": float(np.median(seconds)) / batches,
-        "batch_cpu_seconds": float(np.median(cpu_seconds)) / batches,
-        "hook_seconds_per_batch": hook_seconds / loop.status.iterations_done,
-    }
+        names = {e.name for e in added}
+        profiles[name] = [
+            (hook, seconds / max(loop.status.iterations_done, 1))
+            for extension, hook, _, seconds in loop.profile()
+            if extension in names
+        ]
+        return {k: v.asnumpy() for k, v in loop.get_params()[0].items()}
+
+    return train
 
 
 def per_batch_costs(size: dict, workdir: str) -> (List[dict], List[str]):
+    """Each everyday extension (and all of them) added to the bare loop, the variants
+    trained in turns in this process, an epoch each per round (``interleave.py``)."""
+    import interleave
+    from intervals import paired_ratio
+
     makers, notes = variant_factories(workdir)
-    data = contenders.make_data("mlp", size["samples"])
+    X, y = contenders.make_data("mlp", size["samples"])
+    data, label = mx.nd.array(X), mx.nd.array(y)
+    init = contenders.initial_params("mlp")
+    batches = -(-size["samples"] // 32)
     results = []
+    counter = 0
     for num_contexts, only in size["cells"]:
-        variants = {name: maker for name, maker in makers.items() if only is None or name in only}
-        runs: Dict[str, List[dict]] = {"bare": []}
-        runs.update({name: [] for name in variants})
-        counter = 0
-        loop_run(data, num_contexts, [], 1)  # warm the process (first binds are slower)
-        for _ in range(size["rounds"]):
-            runs["bare"].append(loop_run(data, num_contexts, [], size["epochs"]))
-            for name, maker in variants.items():
+        variants = {"bare": lambda: []}
+        for name, maker in makers.items():
+            if only is None or name in only:
                 counter += 1
-                runs[name].append(loop_run(data, num_contexts, maker(str(counter)), size["epochs"]))
-        # Each run's median epoch, then the best run of each variant: other
-        # processes only ever add time, so the fastest run is the least disturbed.
-        bare = min(r["batch_seconds"] for r in runs["bare"])
-        bare_cpu = min(r["batch_cpu_seconds"] for r in runs["bare"])
+                variants[name] = lambda maker=maker, tag=str(counter): maker(tag)
+        spec = {
+            "model": "mlp",
+            "batch_size": 32,
+            "contexts": num_contexts,
+            "optimizer": "momentum",
+            "epochs": 1 + size["rounds"],
+            "workdir": os.path.join(workdir, f"ctx{num_contexts}"),
+        }
+        profiles: Dict[str, list] = {}
+        players = {
+            name: interleave.Player(
+                name, spec, data, label, init, variant_function(make, profiles, name)
+            )
+            for name, make in variants.items()
+        }
+        names = list(players)
+        stdout, sys.stdout = sys.stdout, _silence_stdout()
+        try:
+            for player in players.values():
+                player.thread.start()
+            for round_index in range(spec["epochs"]):
+                for name in interleave.rotation(names, round_index):
+                    players[name].play()
+            for player in players.values():
+                player.finish()
+        finally:
+            sys.stdout.close()
+            sys.stdout = stdout
+        failed = [f"{n}: {p.error}" for n, p in players.items() if p.error]
+        if failed:
+            raise RuntimeError("micro-benchmark variants failed:\n" + "\n".join(failed))
+        timed = {n: p.result() for n, p in players.items()}
+        rows = {n: {**r, "samples_per_epoch": size["samples"]} for n, r in timed.items()}
+        for r in rows.values():
+            r["epoch_seconds"] = [r["epoch_seconds"]]
+        bare = np.asarray(timed["bare"]["epoch_seconds"])
+        bare_cpu = np.asarray(timed["bare"]["epoch_cpu_seconds"])
         cell = f"MLP b32 {num_contexts} ctx"
-        results.append(
-            {
-                "name": "bare MainLoop (FinishAfter only)",
-                "cell": cell,
-                "batch_us": 1e6 * bare,
-                "us_per_batch": 0.0,
-                "batch_cpu_us": 1e6 * bare_cpu,
-                "cpu_us_per_batch": 0.0,
-                "hook_us_per_batch": 0.0,
-            }
-        )
-        for name in variants:
-            seconds = min(r["batch_seconds"] for r in runs[name])
-            cpu = min(r["batch_cpu_seconds"] for r in runs[name])
-            hooks = min(r["hook_seconds_per_batch"] for r in runs[name])
+        for name in names:
+            wall = np.asarray(timed[name]["epoch_seconds"])
+            cpu = np.asarray(timed[name]["epoch_cpu_seconds"])
+            ratio, interval = paired_ratio(rows[name], rows["bare"])
             results.append(
                 {
-                    "name": f"+ {name}",
+                    "name": "bare MainLoop (FinishAfter only)" if name == "bare" else f"+ {name}",
                     "cell": cell,
-                    "batch_us": 1e6 * seconds,
-                    "us_per_batch": 1e6 * (seconds - bare),
-                    "batch_cpu_us": 1e6 * cpu,
-                    "cpu_us_per_batch": 1e6 * (cpu - bare_cpu),
-                    "hook_us_per_batch": 1e6 * hooks,
+                    "batch_us": 1e6 * float(np.median(wall)) / batches,
+                    # round by round against the bare loop's epoch of the same round
+                    "us_per_batch": 1e6 * float(np.median(wall - bare)) / batches,
+                    "batch_cpu_us": 1e6 * float(np.median(cpu)) / batches,
+                    "cpu_us_per_batch": 1e6 * float(np.median(cpu - bare_cpu)) / batches,
+                    "throughput_vs_bare": ratio,
+                    "throughput_vs_bare_interval": interval,
+                    # Only the per-batch hooks: an after_epoch hook that reads a value
+                    # back waits there for the epoch's queued work, not its own cost.
+                    "hook_us_per_batch": 1e6
+                    * sum(
+                        seconds
+                        for hook, seconds in profiles.get(name, ())
+                        if hook in ("before_batch", "after_batch")
+                    ),
                 }
             )
     return results, notes

@@ -41,6 +41,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
+from intervals import BOOTSTRAP_DRAWS, paired_ratio, ratio_interval  # noqa: E402, F401
+
 DEFAULT_JSON = os.path.join(HERE, "results", "latest.json")
 ALL_CONTENDERS = (
     "hand",
@@ -94,7 +96,10 @@ MODES = {
         # hand loop too, slows down 3-10x as the loss nears zero (denormal numbers,
         # most likely), which would time the CPU's arithmetic, not the loops.
         "adam_samples": 4096,
-        "timed_epochs": 5,
+        "timed_epochs": 8,
+        "processes": 3,
+        "memory": True,
+        "memory_timed_epochs": 1,
         "contenders": ALL_CONTENDERS,
         "parallel": 1,
         "micro": [],
@@ -108,7 +113,10 @@ MODES = {
         ),
         "samples": {"mlp": 4096, "lenet": 512},
         "adam_samples": 4096,
-        "timed_epochs": 3,
+        "timed_epochs": 8,
+        "processes": 1,
+        "memory": False,
+        "memory_timed_epochs": 1,
         "contenders": tuple(c for c in ALL_CONTENDERS if c != "hand_stock_updater"),
         "parallel": 1,
         "micro": ["--quick"],
@@ -123,6 +131,9 @@ MODES = {
         "samples": {"mlp": 256, "lenet": 256},
         "adam_samples": 256,
         "timed_epochs": 2,
+        "processes": 1,
+        "memory": True,
+        "memory_timed_epochs": 1,
         "contenders": ALL_CONTENDERS,
         "parallel": 2,
         "micro": ["--tiny"],
@@ -336,24 +347,26 @@ class Job:
     def cell(self):
         return (self.model, self.batch, self.contexts, self.optimizer)
 
+    result_file = "result.json"
+
+    def spec(self) -> dict:
+        return {
+            "contender": self.contender,
+            "model": self.model,
+            "batch_size": self.batch,
+            "contexts": self.contexts,
+            "optimizer": self.optimizer,
+            "samples": self.samples,
+            "epochs": self.epochs,
+            "workdir": self.workdir,
+        }
+
     def start(self, launcher: Launcher) -> None:
         self.workdir = os.path.join(self.root, f"attempt{len(self.attempts)}")
         os.makedirs(self.workdir)
         spec_path = os.path.join(self.workdir, "spec.json")
         with open(spec_path, "w") as f:
-            json.dump(
-                {
-                    "contender": self.contender,
-                    "model": self.model,
-                    "batch_size": self.batch,
-                    "contexts": self.contexts,
-                    "optimizer": self.optimizer,
-                    "samples": self.samples,
-                    "epochs": self.epochs,
-                    "workdir": self.workdir,
-                },
-                f,
-            )
+            json.dump(self.spec(), f)
         self.busy_before = _cpu_busy_seconds()
         self.started = time.perf_counter()
         self.process = launcher.start(spec_path)
@@ -372,7 +385,7 @@ class Job:
             "timed_out": self.killed,
         }
         self.killed = False
-        result_path = os.path.join(self.workdir, "result.json")
+        result_path = os.path.join(self.workdir, self.result_file)
         if code != 0 or not os.path.exists(result_path):
             with open(os.path.join(self.workdir, "output.txt")) as f:
                 tail = f.read()[-3000:]
@@ -404,6 +417,83 @@ class Job:
     def params(self) -> Dict[str, np.ndarray]:
         with np.load(os.path.join(self.workdir, "params.npz")) as data:
             return {k: data[k] for k in data.files}
+
+
+class InterleavedJob(Job):
+    """Every contender of a cell in one worker process, an epoch each in turn.
+
+    The worker (``interleave.py``) writes each contender's result in a folder of
+    its own; :meth:`members` gives them back as one finished :class:`Job` per
+    contender, so that the analysis reads them as it reads separate workers.
+    """
+
+    result_file = "done.json"
+
+    def __init__(
+        self,
+        contenders: Sequence[str],
+        model: str,
+        batch: int,
+        contexts: int,
+        samples: int,
+        epochs: int,
+        root: str,
+        repeat: int,
+        optimizer: str = DEFAULT_OPTIMIZER,
+    ) -> None:
+        super().__init__(
+            "interleaved", model, batch, contexts, samples, epochs, root, repeat, optimizer
+        )
+        self.contenders = list(contenders)
+
+    def spec(self) -> dict:
+        return {**super().spec(), "contenders": self.contenders}
+
+    def members(self) -> List[Job]:
+        """One finished Job per contender, from this worker's folder."""
+        jobs = []
+        for name in self.contenders:
+            job = Job(
+                name,
+                self.model,
+                self.batch,
+                self.contexts,
+                self.samples,
+                self.epochs,
+                os.path.dirname(self.root),
+                self.repeat,
+                self.optimizer,
+            )
+            job.workdir, job.wall = os.path.join(self.workdir, name), self.wall
+            job.attempts, job.waited = self.attempts, self.waited
+            job.foreign_load = self.foreign_load
+            path = os.path.join(job.workdir, "result.json")
+            if self.error is not None:
+                job.error = self.error
+            elif not os.path.exists(path):
+                job.error = f"{name}: no result written by the interleaved worker"
+            else:
+                with open(path) as f:
+                    job.result = json.load(f)
+                if job.result.get("error"):
+                    job.error = job.result["error"]
+                    job.result = None
+            jobs.append(job)
+        return jobs
+
+
+def take_memory(rows: List[dict], memory_rows: List[dict]) -> None:
+    """Give the rows of the interleaved pass the peaks of the memory pass (same contender,
+    same cell): contenders sharing a process cannot be told apart by its memory."""
+    peaks = {
+        (r["contender"],) + cell_of(r): r for r in memory_rows if r.get("peak_rss_mib") is not None
+    }
+    for row in rows:
+        source = peaks.get((row["contender"],) + cell_of(row))
+        if source is not None and "samples_per_second" in row:
+            row["peak_rss_mib"] = source["peak_rss_mib"]
+            row["peak_over_start_mib"] = source["peak_over_start_mib"]
+            row["memory_from"] = "a process of its own (memory pass)"
 
 
 def worker_env(mxoid_root: str = ROOT) -> Dict[str, str]:
@@ -472,7 +562,9 @@ def run_jobs(
 def _progress_summary(attempt: dict, samples: int) -> str:
     if attempt["error"]:
         return "FAILED"
-    rates = samples / np.diff(attempt["result"]["epoch_stamps"])[1:]
+    if attempt["result"].get("interleaved"):
+        return f"{attempt['result']['rounds']} rounds ({attempt['wall']:.1f} s)"
+    rates = samples / timed_epochs(attempt["result"])
     load = attempt["foreign_load"]
     load = "" if load is None else f", other load {load:.2f} cores"
     return f"{float(np.median(rates)):>9,.0f} samples/s ({attempt['wall']:.1f} s{load})"
@@ -495,10 +587,24 @@ def cell_of(row: dict) -> tuple:
     )
 
 
+STAMPS = {"wall": "epoch_stamps", "cpu": "epoch_cpu_stamps", "host": "epoch_thread_stamps"}
+DURATIONS = {"wall": "epoch_seconds", "cpu": "epoch_cpu_seconds", "host": "epoch_host_seconds"}
+
+
+def timed_epochs(result: dict, clock: str = "wall") -> np.ndarray:
+    """A worker's timed epochs in seconds: wall-clock, CPU of the process, or host thread.
+
+    A worker of its own stamps the start and every epoch end (the first epoch is
+    the warm-up); a contender trained in turns (``interleave.py``) reports the
+    duration of each of its timed turns, in round order.
+    """
+    if result.get("interleaved"):
+        return np.asarray(result[DURATIONS[clock]], dtype=np.float64)
+    return np.diff(result[STAMPS[clock]])[1:]
+
+
 def epoch_stats(job: Job) -> Dict[str, float]:
-    stamps = job.result["epoch_stamps"]
-    seconds = np.diff(stamps)[1:]  # stamps[0] is the start; the first epoch is the warm-up
-    rates = job.samples / seconds
+    rates = job.samples / timed_epochs(job.result)
     return {
         "median": float(np.median(rates)),
         "min": float(rates.min()),
@@ -509,7 +615,21 @@ def epoch_stats(job: Job) -> Dict[str, float]:
 
 
 def pooled_rates(jobs: Sequence[Job]) -> np.ndarray:
-    return np.concatenate([job.samples / np.diff(job.result["epoch_stamps"])[1:] for job in jobs])
+    return np.concatenate([job.samples / timed_epochs(job.result) for job in jobs])
+
+
+def warmup_seconds(result: dict) -> float:
+    if result.get("interleaved"):
+        return float(result["warmup_seconds"])
+    return float(np.diff(result["epoch_stamps"])[0])
+
+
+def peak_mib(group: Sequence[Job]) -> float:
+    return max(j.result["peak_rss_kib"] for j in group) / 1024
+
+
+def peak_over_start_mib(group: Sequence[Job]) -> float:
+    return max(j.result["peak_rss_kib"] - j.result["rss_before_training_kib"] for j in group) / 1024
 
 
 def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
@@ -555,6 +675,7 @@ def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
                 continue
             rates = pooled_rates(group)
             median = medians[name]
+            interleaved = all(j.result.get("interleaved") for j in group)
             row.update(
                 {
                     "samples_per_second": {
@@ -564,26 +685,19 @@ def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
                         "q1": float(np.percentile(rates, 25)),
                         "q3": float(np.percentile(rates, 75)),
                     },
-                    "epoch_seconds": [list(np.diff(j.result["epoch_stamps"])[1:]) for j in group],
+                    "interleaved": interleaved,
+                    "epoch_seconds": [list(timed_epochs(j.result)) for j in group],
                     "cpu_us_per_batch": float(
-                        np.median(
-                            np.concatenate(
-                                [np.diff(j.result["epoch_cpu_stamps"])[1:] for j in group]
-                            )
-                        )
+                        np.median(np.concatenate([timed_epochs(j.result, "cpu") for j in group]))
                     )
                     * 1e6
                     / -(-group[0].samples // batch),
                     "host_us_per_batch": float(
-                        np.median(
-                            np.concatenate(
-                                [np.diff(j.result["epoch_thread_stamps"])[1:] for j in group]
-                            )
-                        )
+                        np.median(np.concatenate([timed_epochs(j.result, "host") for j in group]))
                     )
                     * 1e6
                     / -(-group[0].samples // batch),
-                    "warmup_seconds": [float(np.diff(j.result["epoch_stamps"])[0]) for j in group],
+                    "warmup_seconds": [warmup_seconds(j.result) for j in group],
                     "ratio_to_hand": median / medians["hand"] if "hand" in medians else None,
                     "ratio_to_module_fit": (
                         median / medians["module_fit_acc"] if "module_fit_acc" in medians else None
@@ -593,12 +707,8 @@ def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
                         if "hand" in medians
                         else None
                     ),
-                    "peak_rss_mib": max(j.result["peak_rss_kib"] for j in group) / 1024,
-                    "peak_over_start_mib": max(
-                        j.result["peak_rss_kib"] - j.result["rss_before_training_kib"]
-                        for j in group
-                    )
-                    / 1024,
+                    "peak_rss_mib": None if interleaved else peak_mib(group),
+                    "peak_over_start_mib": None if interleaved else peak_over_start_mib(group),
                     "other_load_cores": (
                         max(j.foreign_load for j in group)
                         if all(j.foreign_load is not None for j in group)
@@ -631,7 +741,42 @@ def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
                     )
                 row["max_abs_diff_to_hand"] = max(diffs)
                 row["equal_to_hand"] = equal
+    pair_ratios(rows)
     return rows
+
+
+def throughput_ratio(row: dict, other: dict) -> Tuple[float, Optional[Tuple[float, float]]]:
+    """``row``'s throughput over ``other``'s, and its 90% interval (None without epochs).
+
+    Contenders trained in turns in the same processes: the median of the
+    round-by-round ratios (:func:`intervals.paired_ratio`); otherwise the ratio
+    of the median throughputs (:func:`intervals.ratio_interval`).
+    """
+    paired = paired_ratio(row, other)
+    if paired is not None:
+        return paired
+    ratio = row["samples_per_second"]["median"] / other["samples_per_second"]["median"]
+    return ratio, ratio_interval(row, other)
+
+
+def pair_ratios(rows: List[dict]) -> None:
+    """Give the rows of interleaved runs their round-by-round ratios to the hand loop and
+    Module.fit (and the overhead per batch that follows from the ratio to the hand loop)."""
+    index = {(r["contender"],) + cell_of(r): r for r in rows if "samples_per_second" in r}
+    for (_, *cell), row in index.items():
+        if not row.get("interleaved"):
+            continue
+        hand = index.get(("hand", *cell))
+        module = index.get(("module_fit_acc", *cell))
+        if hand is not None and hand.get("interleaved"):
+            ratio, _ = throughput_ratio(row, hand)
+            row["ratio_to_hand"] = ratio
+            batch = row["batch_size"]
+            row["overhead_us_per_batch"] = (
+                1e6 * batch / hand["samples_per_second"]["median"] * (1 / ratio - 1)
+            )
+        if module is not None and module.get("interleaved"):
+            row["ratio_to_module_fit"] = throughput_ratio(row, module)[0]
 
 
 def correctness(rows: List[dict]) -> dict:
@@ -689,13 +834,14 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
         at_most: bool = False,
         versus: Optional[Tuple[dict, dict]] = None,
     ):
+        interval = None
+        if versus is not None:  # a ratio of throughputs: how sure the verdict is
+            measured, interval = throughput_ratio(*versus)
         met = measured <= limit if at_most else measured >= limit
         entry = {"target": target, "measured": measured, "limit": limit, "met": met, "unit": unit}
-        if versus is not None:  # a ratio of throughputs: how sure the verdict is
-            interval = ratio_interval(*versus)
-            if interval is not None:
-                entry["interval"] = interval
-                entry["within_noise"] = interval[0] <= limit <= interval[1]
+        if interval is not None:
+            entry["interval"] = interval
+            entry["within_noise"] = interval[0] <= limit <= interval[1]
         found.append(entry)
 
     mxoid = ("mxoid_bare", "mxoid_everyday")
@@ -749,7 +895,7 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
                 versus=(row, gluon),
             )
         module = index.get(("module_fit_acc",) + cell)
-        if contender in mxoid and module is not None:
+        if contender in mxoid and module is not None and module["peak_rss_mib"] is not None:
             # Module.fit with a metric reads every batch, so it never runs ahead; mxoid
             # may queue up to QUEUED_INPUT_MIB of inputs ahead (max_batches_ahead='auto').
             limit = module["peak_rss_mib"] * 1.10 + QUEUED_INPUT_MIB
@@ -789,11 +935,16 @@ def format_table(rows: List[dict], mode: str) -> str:
         this = cell_of(row)
         if this != cell:
             cell = this
+            design = (
+                f", in turns: {row['runs']} process(es) of {row['timed_epochs']} rounds"
+                if row.get("interleaved")
+                else f", warm-up + {row['timed_epochs']} timed epochs"
+                + (f", {row['runs']} runs pooled" if row["runs"] > 1 else "")
+            )
             lines += [
                 "",
                 f"{describe_cell(cell)}: {row['samples_per_epoch']} samples/epoch, "
-                f"{row['batches_per_epoch']} batches, warm-up + {row['timed_epochs']} "
-                f"timed epochs" + (f", {row['runs']} runs pooled" if row["runs"] > 1 else ""),
+                f"{row['batches_per_epoch']} batches{design}",
                 header,
                 "-" * len(header),
             ]
@@ -825,8 +976,8 @@ def format_table(rows: List[dict], mode: str) -> str:
             f"{number(row['ratio_to_module_fit'], '.2f'):>9}"
             f"{number(row['overhead_us_per_batch'], '+.0f'):>10}{row['cpu_us_per_batch']:>9.0f}"
             f"{number(row.get('host_us_per_batch'), '.0f'):>10}"
-            f"{row['peak_rss_mib']:>9.0f}"
-            f"{row['peak_over_start_mib']:>6.0f}{params:>8}{load:>6}"
+            f"{number(row['peak_rss_mib'], '.0f'):>9}"
+            f"{number(row['peak_over_start_mib'], '.0f'):>6}{params:>8}{load:>6}"
         )
     notes = sorted({n for row in rows for n in row.get("notes", ())})
     if notes:
@@ -851,11 +1002,20 @@ def format_micro(micro: dict) -> str:
         lines.append(
             f"  {entry['cell']} {entry['name']:<34} {entry['us_per_batch']:+8.1f} us/batch wall, "
             f"{entry['cpu_us_per_batch']:+8.1f} CPU; {entry['hook_us_per_batch']:6.1f} us in "
-            "its per-batch hooks"
+            f"its per-batch hooks; throughput {micro_ratio(entry)} of the bare loop's"
         )
     for note in micro.get("notes", ()):
         lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def micro_ratio(entry: dict) -> str:
+    """A micro-benchmark variant's throughput over the bare loop's, with its interval."""
+    ratio = entry.get("throughput_vs_bare")
+    if ratio is None:
+        return "-"
+    low, high = entry["throughput_vs_bare_interval"]
+    return f"{ratio:.2f} (90%: {low:.2f}-{high:.2f})"
 
 
 def format_markdown(report: dict) -> str:
@@ -896,7 +1056,8 @@ def format_markdown(report: dict) -> str:
             f"| {number(row['ratio_to_module_fit'], '.2f')} "
             f"| {number(row['overhead_us_per_batch'], '+.0f')} | {row['cpu_us_per_batch']:,.0f} "
             f"| {number(row.get('host_us_per_batch'), ',.0f')} "
-            f"| {row['peak_rss_mib']:.0f} | {row['peak_over_start_mib']:.0f} | {params} "
+            f"| {number(row['peak_rss_mib'], '.0f')} | {number(row['peak_over_start_mib'], '.0f')} "
+            f"| {params} "
             f"| {number(row['other_load_cores'], '.2f')} |"
         )
     micro = report.get("micro") or {}
@@ -904,13 +1065,14 @@ def format_markdown(report: dict) -> str:
         lines += [
             "",
             "| micro: per-batch cost | wall us/batch | CPU us/batch "
-            "| host us in its per-batch hooks |",
-            "|---|---:|---:|---:|",
+            "| host us in its per-batch hooks | throughput x bare |",
+            "|---|---:|---:|---:|---:|",
         ]
         for entry in micro["per_batch"]:
             lines.append(
                 f"| {entry['cell']} {entry['name']} | {entry['us_per_batch']:+.0f} "
-                f"| {entry['cpu_us_per_batch']:+.0f} | {entry['hook_us_per_batch']:.0f} |"
+                f"| {entry['cpu_us_per_batch']:+.0f} | {entry['hook_us_per_batch']:.0f} "
+                f"| {micro_ratio(entry)} |"
             )
     if report["targets"]:
         lines += ["", "| target | measured | met |", "|---|---:|---|"]
@@ -922,42 +1084,8 @@ def format_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-BOOTSTRAP_DRAWS = 2000
 QUEUED_INPUT_MIB = 64
 """mxoid.pacing.QUEUED_INPUT_BUDGET in MiB (the runner imports no MXNet, nor mxoid)."""
-
-
-def ratio_interval(row: dict, other: dict, level: float = 0.90) -> Optional[Tuple[float, float]]:
-    """The ``level`` bootstrap interval of ``row``'s median throughput over ``other``'s.
-
-    Each draw resamples both contenders in two stages, as they were measured:
-    their runs (workers) with replacement, then the timed epochs within each
-    drawn run, and takes the ratio of the medians of the pooled epochs; the
-    interval holds the middle ``level`` of 2000 draws (fixed seed). Drawing the
-    runs too carries the difference between workers of one contender (on a
-    shared machine a worker can sit at its own level for all of its epochs),
-    which resampling pooled epochs alone would hide. None without epochs.
-    """
-    runs = []
-    for entry in (row, other):
-        rates = [
-            entry["samples_per_epoch"] / np.asarray(run, dtype=np.float64)
-            for run in entry.get("epoch_seconds") or ()
-            if len(run)
-        ]
-        if not rates:
-            return None
-        runs.append(rates)
-    rng = np.random.RandomState(0)
-
-    def draw(rates: List[np.ndarray]) -> float:
-        chosen = [rates[i] for i in rng.randint(len(rates), size=len(rates))]
-        return float(np.median(np.concatenate([rng.choice(r, r.size) for r in chosen])))
-
-    mine, theirs = runs
-    draws = [draw(mine) / draw(theirs) for _ in range(BOOTSTRAP_DRAWS)]
-    tail = (1 - level) / 2 * 100
-    return float(np.percentile(draws, tail)), float(np.percentile(draws, 100 - tail))
 
 
 def verdict(entry: dict) -> str:
@@ -1064,12 +1192,28 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "mlp-32-2-adam (optimizers: momentum, the default; sgd; adam)",
     )
     parser.add_argument(
+        "--separate",
+        action="store_true",
+        help="time every contender in processes of its own, one after the other (before "
+        "2026-12-02 the only design), instead of all of a cell's contenders in one process, "
+        "an epoch each in turn",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
-        default=1,
-        help="run every worker this many times, interleaved, and pool the epochs",
+        help="processes per cell (default: 3 in a full run, 1 with --quick); with --separate, "
+        "run every worker this many times, interleaved, and pool the epochs (default 1)",
     )
-    parser.add_argument("--timed-epochs", type=int, help="timed epochs after the warm-up")
+    parser.add_argument(
+        "--timed-epochs",
+        type=int,
+        help="timed epochs of each contender after the warm-up (the rounds of a process)",
+    )
+    parser.add_argument(
+        "--no-memory",
+        action="store_true",
+        help="skip the memory pass (each contender in a process of its own, for its peak)",
+    )
     parser.add_argument("--samples", type=int, help="samples per epoch, for every model")
     parser.add_argument(
         "--wait-quiet",
@@ -1153,6 +1297,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     timed = args.timed_epochs or config["timed_epochs"]
     samples = {m: args.samples or n for m, n in config["samples"].items()}
     adam_samples = args.samples or config["adam_samples"]
+    interleaved = not args.separate
+    repeat = args.repeat or (config["processes"] if interleaved else 1)
+    memory = config["memory"] and not args.no_memory
+
+    def samples_of(cell) -> int:
+        return adam_samples if cell[3] == "adam" else samples[cell[0]]
+
     mxoid_root = os.path.abspath(args.mxoid)
     if not os.path.isfile(os.path.join(mxoid_root, "mxoid", "__init__.py")):
         parser.error(f"--mxoid {args.mxoid}: no mxoid/__init__.py there")
@@ -1170,35 +1321,69 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     root = tempfile.mkdtemp(prefix="mxoid-bench-")
     started = time.perf_counter()
     try:
-        jobs = [
-            Job(
-                contender,
-                model,
-                batch,
-                contexts,
-                adam_samples if optimizer == "adam" else samples[model],
-                1 + timed,
-                root,
-                r,
-                optimizer,
+
+        def separate_jobs(epochs: int, folder: str) -> List[Job]:
+            return [
+                Job(contender, *cell[:3], samples_of(cell), epochs, folder, r, cell[3])
+                for r in range(repeat if not interleaved else 1)
+                for cell in cells
+                for contender in contenders
+            ]
+
+        def run(batch_of_jobs: List[Job]) -> None:
+            run_jobs(
+                batch_of_jobs,
+                config["parallel"],
+                launcher,
+                args.quiet,
+                args.wait_quiet,
+                args.max_load,
+                args.retries,
+                args.worker_timeout,
             )
-            for r in range(args.repeat)
-            for (model, batch, contexts, optimizer) in cells
-            for contender in contenders
-        ]
-        run_jobs(
-            jobs,
-            config["parallel"],
-            launcher,
-            args.quiet,
-            args.wait_quiet,
-            args.max_load,
-            args.retries,
-            args.worker_timeout,
-        )
-        jobs.sort(key=lambda j: (cells.index(j.cell), contenders.index(j.contender), j.repeat))
+
+        def in_order(group: List[Job]) -> List[Job]:
+            return sorted(
+                group, key=lambda j: (cells.index(j.cell), contenders.index(j.contender), j.repeat)
+            )
+
+        if interleaved:
+            workers = [
+                InterleavedJob(contenders, *cell[:3], samples_of(cell), 1 + timed, root, r, cell[3])
+                for r in range(repeat)
+                for cell in cells
+            ]
+            if not args.quiet:
+                print(
+                    f"Throughput: every contender of a cell in one process, an epoch each in "
+                    f"turn, {timed} rounds, {repeat} process(es) per cell",
+                    flush=True,
+                )
+            run(workers)
+            jobs = in_order([member for worker in workers for member in worker.members()])
+        else:
+            jobs = separate_jobs(1 + timed, root)
+            run(jobs)
+            jobs = in_order(jobs)
         rows = analyse(jobs, contenders)
         check = correctness(rows)
+        memory_jobs: List[Job] = []
+        if interleaved and memory:
+            if not args.quiet:
+                print(
+                    "Memory: every contender in a process of its own, a warm-up and "
+                    f"{config['memory_timed_epochs']} timed epoch(s)",
+                    flush=True,
+                )
+            memory_jobs = separate_jobs(
+                1 + config["memory_timed_epochs"], os.path.join(root, "memory")
+            )
+            run(memory_jobs)
+            memory_rows = analyse(in_order(memory_jobs), contenders)
+            take_memory(rows, memory_rows)
+            memory_check = correctness(memory_rows)
+            check["failures"] += [f"memory pass: {f}" for f in memory_check["failures"]]
+            check["ok"] = check["ok"] and memory_check["ok"]
         micro = None if args.no_micro else run_micro(config["micro"], env, root, args.nice)
         found = targets(rows, micro)
         print(format_table(rows, mode))
@@ -1220,7 +1405,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if mode != "check":
             print(format_targets(found))
         elapsed = time.perf_counter() - started
-        print(f"\n{len(jobs)} workers in {elapsed:.0f} s")
+        processes = (len(workers) if interleaved else len(jobs)) + len(memory_jobs)
+        print(f"\n{processes} worker processes in {elapsed:.0f} s")
         report = {
             "mode": mode,
             "command": " ".join([os.path.relpath(__file__, ROOT)] + list(argv or sys.argv[1:])),
@@ -1236,9 +1422,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 "cells": [list(c) for c in cells],
                 "samples_per_epoch": samples,
                 "adam_samples_per_epoch": adam_samples,
+                "design": "interleaved" if interleaved else "separate",
                 "timed_epochs": timed,
                 "warmup_epochs": 1,
-                "repeat": args.repeat,
+                "repeat": repeat,
+                "memory_pass": bool(memory_jobs),
+                "memory_timed_epochs": config["memory_timed_epochs"] if memory_jobs else None,
                 "parallel_workers": config["parallel"],
                 "wait_quiet": args.wait_quiet,
                 "nice": args.nice,

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -307,3 +308,145 @@ def test_the_memory_target_allows_what_mxoid_may_queue_ahead_and_no_more():
     from mxoid.pacing import QUEUED_INPUT_BUDGET
 
     assert benchmark.QUEUED_INPUT_MIB * 2**20 == QUEUED_INPUT_BUDGET
+
+
+# ------------------------------------------------------- contenders trained in turns
+def test_the_check_trains_a_cells_contenders_in_turns_and_takes_memory_apart(report):
+    """Throughput comes from one process per cell (the contenders an epoch each in
+    turn), memory from a process per contender: both passes ran, and the rows carry
+    the rounds of each process and the peaks of the memory pass."""
+    data, stdout = report
+    assert data["settings"]["design"] == "interleaved"
+    assert data["settings"]["memory_pass"] is True
+    for row in data["results"]:
+        assert row["interleaved"] is True
+        assert [len(run) for run in row["epoch_seconds"]] == [data["settings"]["timed_epochs"]]
+        assert row["peak_rss_mib"] > 0 and row["memory_from"].startswith("a process of its own")
+    assert "in turns: 1 process(es) of 2 rounds" in stdout
+
+
+def _interleaved_rows(seconds_by_contender):
+    return {
+        name: {"interleaved": True, "samples_per_epoch": 100, "epoch_seconds": runs}
+        for name, runs in seconds_by_contender.items()
+    }
+
+
+def test_round_by_round_ratios_see_through_what_disturbs_both_contenders():
+    """The machine slows down and speeds up from round to round; a contender 10%
+    slower than the other in every round is measured at 0.909, exactly, where the
+    ratio of the medians of the same epochs unpaired is uncertain by +-5% and more."""
+    from intervals import paired_ratio
+
+    rng = np.random.RandomState(3)
+    levels = [rng.uniform(1.0, 1.6, 40) for _ in range(3)]
+    rows = _interleaved_rows(
+        {"hand": [list(level) for level in levels], "slow": [list(level * 1.1) for level in levels]}
+    )
+    estimate, (low, high) = paired_ratio(rows["slow"], rows["hand"])
+    assert estimate == pytest.approx(1 / 1.1)
+    assert high - low < 1e-9
+    unpaired = benchmark.ratio_interval(rows["slow"], rows["hand"])
+    assert unpaired[0] < 1 / 1.1 < unpaired[1] and unpaired[1] - unpaired[0] > 0.09
+
+
+def test_the_paired_interval_carries_a_process_that_favours_one_contender():
+    """Processes are resampled too: a contender 20% slower in one process of three
+    and level in the others is not certified level."""
+    from intervals import paired_ratio
+
+    level = [1.0] * 20
+    rows = _interleaved_rows({"hand": [level, level, level], "other": [level, level, [1.2] * 20]})
+    estimate, (low, high) = paired_ratio(rows["other"], rows["hand"])
+    assert estimate == 1.0
+    assert low <= 1 / 1.2 + 1e-9 and high == 1.0
+
+
+def test_ratios_pair_rounds_only_between_rows_of_the_same_processes():
+    from intervals import paired_ratio
+
+    rows = _interleaved_rows({"a": [[1.0, 1.0]], "b": [[1.0, 1.0], [1.0, 1.0]]})
+    assert paired_ratio(rows["a"], rows["b"]) is None  # different numbers of processes
+    separate = {"samples_per_epoch": 100, "epoch_seconds": [[1.0, 1.0]]}
+    assert paired_ratio(separate, rows["a"]) is None
+    # run.py falls back to the ratio of the medians for rows that cannot be paired
+    separate["samples_per_second"] = {"median": 100.0}
+    rows["a"]["samples_per_second"] = {"median": 50.0}
+    ratio, interval = benchmark.throughput_ratio(rows["a"], separate)
+    assert ratio == 0.5 and interval is not None
+
+
+def _player_function(log, epochs, fail_at=None, hang_at=None):
+    """A contender that records when each of its epochs ran, and can fail or hang."""
+
+    def train(spec, iterator, init, clock):
+        for epoch in range(epochs):
+            started = time.perf_counter()
+            if epoch == fail_at:
+                raise RuntimeError("broken contender")
+            if epoch == hang_at:
+                time.sleep(30)
+            time.sleep(0.01)
+            log.append((spec["contender"], epoch, started, time.perf_counter()))
+            clock.tick()
+        return {"w": np.ones(2)}
+
+    return train
+
+
+def _players(tmp_path, functions, epochs):
+    import interleave
+    import mxnet as mx
+
+    spec = {"batch_size": 2, "epochs": epochs, "workdir": str(tmp_path)}
+    data, label = mx.nd.zeros((4, 3)), mx.nd.zeros(4)
+    return {
+        name: interleave.Player(name, spec, data, label, {}, function)
+        for name, function in functions.items()
+    }
+
+
+def test_contenders_in_turns_never_train_at_the_same_time(tmp_path):
+    import interleave
+
+    log = []
+    names = ["a", "b", "c"]
+    players = _players(tmp_path, {n: _player_function(log, 4) for n in names}, 4)
+    for player in players.values():
+        player.thread.start()
+    for round_index in range(4):
+        for name in interleave.rotation(names, round_index):
+            assert players[name].play()
+    for player in players.values():
+        player.finish()
+        assert player.error is None and player.params is not None
+        assert len(player.epoch_seconds) == 4 and len(player.result()["epoch_seconds"]) == 3
+        assert all(seconds >= 0.01 for seconds in player.epoch_seconds)
+    spans = sorted((start, end) for _, _, start, end in log)
+    assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:]))
+    # the order of a round rotates, so no contender always follows the same one
+    assert [name for name, *_ in log[:3]] == ["a", "b", "c"]
+    assert [name for name, *_ in log[3:6]] == ["b", "c", "a"]
+
+
+def test_a_contender_that_fails_or_hangs_is_reported_and_the_others_go_on(tmp_path):
+    import interleave
+
+    log = []
+    functions = {
+        "steady": _player_function(log, 3),
+        "broken": _player_function(log, 3, fail_at=1),
+        "hung": _player_function(log, 3, hang_at=1),
+    }
+    players = _players(tmp_path, functions, 3)
+    for player in players.values():
+        player.thread.start()
+    for round_index in range(3):
+        for name in interleave.rotation(list(functions), round_index):
+            players[name].play(timeout=2.0)
+    for player in players.values():
+        player.finish(timeout=2.0)
+    assert players["steady"].error is None and len(players["steady"].epoch_seconds) == 3
+    assert "RuntimeError: broken contender" in players["broken"].error
+    assert "no epoch end within 2 s (hung)" in players["hung"].error
+    assert len(players["broken"].epoch_seconds) == len(players["hung"].epoch_seconds) == 1
