@@ -63,6 +63,15 @@ class MetricAccumulator:
     rows : int
         Real rows added since the last :meth:`reset`.
 
+    Notes
+    -----
+    A reset right after a read (:meth:`values` or :meth:`totals`, with no
+    batch added since) queues nothing on the devices: the sums read become
+    the baseline later reads are taken from. A write at the end of an epoch
+    has just waited for the engine, and a new operator would wake it up
+    again (hundreds of microseconds of the loop's time on a CPU whose worker
+    has gone idle). Otherwise the sums are zeroed on the devices.
+
     Examples
     --------
     .. code-block:: python
@@ -114,6 +123,10 @@ class MetricAccumulator:
         if device_entries:
             self._bind_devices(device_entries, head, running_sums)
         self._parity = 0
+        # The devices' sums at the last reset that zeroed nothing, per metric (subtracted
+        # from every read), and the sums of the last read while no batch was added since.
+        self._baseline = np.zeros(len(self.metrics))
+        self._last_read: Optional[np.ndarray] = None
 
     def _bind_devices(
         self,
@@ -227,6 +240,7 @@ class MetricAccumulator:
         if self._host:
             self._update_host(manager.valid_rows)
         self.rows += manager.batch_size - pad
+        self._last_read = None
 
     def _add_head(self, pad: int) -> None:
         """Add the executors' per-row values: one addition per device (two with padding).
@@ -266,12 +280,16 @@ class MetricAccumulator:
             )
 
     def reset(self) -> None:
-        """Forget every batch added."""
-        for sums in self._head_sums:
-            sums[:] = 0
-        for device_sums in self._sums[self._parity]:
-            for array in device_sums:
-                array[:] = 0
+        """Forget every batch added (right after a read, without queuing anything)."""
+        if self._last_read is not None:
+            self._baseline = self._last_read
+        else:
+            for sums in self._head_sums:
+                sums[:] = 0
+            for device_sums in self._sums[self._parity]:
+                for array in device_sums:
+                    array[:] = 0
+            self._baseline = np.zeros(len(self.metrics))
         for metric, _, _ in self._host:
             metric.reset()
         self.rows = 0
@@ -288,11 +306,19 @@ class MetricAccumulator:
             [array.asnumpy().tolist() for array in sums] for sums in self._sums[self._parity]
         ] + [sums.asnumpy().T.tolist() for sums in self._head_sums]
         host = [list(metric.totals()) for metric, _, _ in self._host]
-        return {"rows": self.rows, "device_sums": device_sums, "host": host}
+        return {
+            "rows": self.rows,
+            "device_sums": device_sums,
+            "host": host,
+            "baseline": self._baseline.tolist(),
+        }
 
     def load_state_dict(self, state: Dict[str, object]) -> None:
         """Restore the running sums of :meth:`state_dict`."""
         self.rows = int(state["rows"])
+        # checkpoints written before the baseline existed had their sums zeroed instead
+        self._baseline = np.asarray(state.get("baseline", np.zeros(len(self.metrics))), "float64")
+        self._last_read = None
         for sums, saved in zip(self._sums[self._parity], state["device_sums"]):
             for array, values in zip(sums, saved):
                 array[:] = np.asarray(values, dtype="float64")
@@ -311,13 +337,16 @@ class MetricAccumulator:
         before :meth:`values` divides.
         """
         self.manager.synchronize()
-        totals = np.zeros((len(self.metrics), 2))
-        totals[:, 1] = self.rows * self._elements
+        read = np.zeros(len(self.metrics))
         device_sums = self._sums[self._parity]
         head_sums = [sums.asnumpy().sum(axis=0) for sums in self._head_sums]
         for position, index in enumerate(self._device_index):
-            totals[index, 0] = sum(float(sums[position].asnumpy().sum()) for sums in device_sums)
-            totals[index, 0] += sum(float(sums[position]) for sums in head_sums)
+            read[index] = sum(float(sums[position].asnumpy().sum()) for sums in device_sums)
+            read[index] += sum(float(sums[position]) for sums in head_sums)
+        self._last_read = read
+        totals = np.zeros((len(self.metrics), 2))
+        totals[:, 0] = read - self._baseline
+        totals[:, 1] = self.rows * self._elements
         for index, metric in enumerate(self.metrics):
             if isinstance(metric, HostMetric):
                 totals[index] = metric.totals()

@@ -167,6 +167,72 @@ def test_accumulator_on_a_bare_manager_matches_numpy():
     assert accumulator.rows == 0 and accumulator.totals()[0, 0] == 0
 
 
+def _run_batches(manager, accumulator, it):
+    predictions, labels = [], []
+    it.reset()
+    for batch in it:
+        manager.load_data_batch(batch)
+        manager.forward()
+        accumulator.update()
+        valid = batch.data[0].shape[0] - batch.pad
+        outputs = [output.asnumpy() for output in manager.outputs["softmax"]]
+        predictions.append(np.concatenate(outputs)[:valid])
+        labels.append(batch.label[0].asnumpy()[:valid])
+    return np.concatenate(predictions), np.concatenate(labels)
+
+
+@pytest.mark.parametrize("head", [True, False])
+def test_a_reset_right_after_a_read_queues_nothing_and_later_reads_stay_exact(head):
+    """The sums read become the baseline (the devices keep them), so a write at an epoch
+    end wakes no idle engine; a reset with no read since the last batch zeroes them; a
+    state saved between the two restores the baseline with the sums."""
+    X, y = classification_data(n=48)
+    it = mx.io.NDArrayIter(X, y, batch_size=16, label_name="softmax_label")
+    loop = MainLoop(mlp(), it, contexts=TWO_CPUS, extensions=[FinishAfter(after_n_epochs=1)])
+    manager = loop.manager.evaluation_manager(it.provide_data, it.provide_label)
+    metrics = [("softmax", m) for m in create_metrics(["acc", "ce"])]
+    if head:
+        from mxoid.metrics.head import per_row_head
+
+        graph = per_row_head(
+            loop.symbol, metrics, ["softmax_label"], {"data": (16, 10), "softmax_label": (16,)}, [8]
+        )
+        manager = loop.manager.evaluation_manager(
+            it.provide_data, it.provide_label, private_heads=[graph]
+        )
+        accumulator = MetricAccumulator(manager, metrics, manager.private_outputs[0])
+    else:
+        accumulator = MetricAccumulator(manager, metrics)
+
+    def expected(prob, labels):
+        picked = prob[np.arange(len(labels)), labels.astype(int)]
+        per_row = -np.log(picked + np.float32(1e-12))  # in float32, as on the devices
+        return [np.mean(prob.argmax(axis=1) == labels), np.mean(per_row.astype(np.float64))]
+
+    def device_sums():  # the arrays the devices add to (the newest of the two sets without head)
+        current = accumulator._sums[accumulator._parity]
+        return accumulator._head_sums or [array for sums in current for array in sums]
+
+    for epoch in range(3):
+        params = {k: v * (1 + epoch) for k, v in loop.get_params()[0].items()}
+        manager.set_params(params, {})
+        prob, labels = _run_batches(manager, accumulator, it)
+        assert accumulator.values() == pytest.approx(expected(prob, labels), rel=1e-6)
+        accumulator.reset()
+        assert accumulator.rows == 0 and not accumulator.totals()[:, 0].any()
+        # nothing zeroed on the devices: they still hold every batch read so far
+        assert any(np.abs(array.asnumpy()).sum() > 0 for array in device_sums())
+    state = accumulator.state_dict()
+    prob, labels = _run_batches(manager, accumulator, it)
+    accumulator.load_state_dict(state)  # back to just after the reset
+    assert accumulator.rows == 0 and not accumulator.totals()[:, 0].any()
+    _run_batches(manager, accumulator, it)  # a batch added: the next reset must zero
+    accumulator.reset()
+    assert all(np.abs(array.asnumpy()).sum() == 0 for array in device_sums())
+    prob, labels = _run_batches(manager, accumulator, it)
+    assert accumulator.values() == pytest.approx(expected(prob, labels), rel=1e-6)
+
+
 def test_metrics_with_arguments_by_name_as_mx_metric_create_takes_them():
     X, y = dataset("valid")
     loop = two_head_loop([FinishAfter(after_n_epochs=1)])
