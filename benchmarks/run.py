@@ -92,10 +92,12 @@ MODES = {
     "full": {
         "cells": ALL_CELLS,
         "samples": {"mlp": 16384, "lenet": 2048},
-        # Adam cells: after about 1,400 steps on this easy data every contender, the
-        # hand loop too, slows down 3-10x as the loss nears zero (denormal numbers,
-        # most likely), which would time the CPU's arithmetic, not the loops.
-        "adam_samples": 4096,
+        # Adam cells: 128 batches an epoch, so that a worker trains at most 1,152 steps
+        # (9 epochs): past about 1,400 steps on this easy data every contender, the hand
+        # loop too, slowed down 3-10x on an Intel Xeon as the loss neared zero (denormal
+        # numbers, most likely; not seen on an AMD EPYC), which would time the CPU's
+        # arithmetic, not the loops.
+        "adam_samples": {32: 4096, 128: 16384},
         "timed_epochs": 8,
         "processes": 3,
         "memory": True,
@@ -1296,13 +1298,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error(str(error))
     timed = args.timed_epochs or config["timed_epochs"]
     samples = {m: args.samples or n for m, n in config["samples"].items()}
-    adam_samples = args.samples or config["adam_samples"]
+    adam_samples = config["adam_samples"]
+    if args.samples:
+        adam_samples = args.samples
+    elif isinstance(adam_samples, int):
+        adam_samples = {batch: adam_samples for batch in (32, 128)}
     interleaved = not args.separate
     repeat = args.repeat or (config["processes"] if interleaved else 1)
     memory = config["memory"] and not args.no_memory
 
     def samples_of(cell) -> int:
-        return adam_samples if cell[3] == "adam" else samples[cell[0]]
+        if cell[3] == "adam":
+            return adam_samples if isinstance(adam_samples, int) else adam_samples[cell[1]]
+        return samples[cell[0]]
 
     mxoid_root = os.path.abspath(args.mxoid)
     if not os.path.isfile(os.path.join(mxoid_root, "mxoid", "__init__.py")):
@@ -1421,7 +1429,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             "settings": {
                 "cells": [list(c) for c in cells],
                 "samples_per_epoch": samples,
-                "adam_samples_per_epoch": adam_samples,
+                "adam_samples_per_epoch": (
+                    adam_samples
+                    if isinstance(adam_samples, int)
+                    else {str(k): v for k, v in adam_samples.items()}
+                ),
                 "design": "interleaved" if interleaved else "separate",
                 "timed_epochs": timed,
                 "warmup_epochs": 1,
