@@ -582,10 +582,15 @@ CONTENDERS = {
     "gluon": (gluon_trainer, "Gluon hybridized + Trainer, accuracy metric"),
     "mxoid_bare": (mxoid_bare, "mxoid MainLoop, FinishAfter only"),
     "mxoid_everyday": (mxoid_everyday, "mxoid MainLoop, everyday extensions"),
+    "hand_twin": (
+        hand_loop,
+        "the hand loop again: two contenders doing the same work, the design's noise floor",
+    ),
 }
 """Name -> (training function, one-line description)."""
 
 EQUAL_TO_HAND = (
+    "hand_twin",
     "hand_stock_updater",
     "module_fit_acc",
     "module_fit_nometric",

@@ -54,7 +54,10 @@ ALL_CONTENDERS = (
     "mxoid_bare",
     "mxoid_everyday",
 )
+# Not in any mode's set: ``--contenders hand,hand_twin`` measures the design's noise floor.
+EXTRA_CONTENDERS = ("hand_twin",)
 EQUAL_TO_HAND = (
+    "hand_twin",
     "hand_stock_updater",
     "module_fit_acc",
     "module_fit_nometric",
@@ -64,6 +67,7 @@ EQUAL_TO_HAND = (
 )  # as contenders.EQUAL_TO_HAND, without importing MXNet
 LABELS = {
     "hand": "hand loop (floor)",
+    "hand_twin": "hand loop again (A/A)",
     "hand_stock_updater": "hand loop, stock updater",
     "module_fit_acc": "Module.fit, accuracy",
     "module_fit_nometric": "Module.fit, no metric",
@@ -1287,9 +1291,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     contenders = list(config["contenders"])
     if args.contenders:
         contenders = args.contenders.split(",")
-        unknown = sorted(set(contenders) - set(ALL_CONTENDERS))
+        known = ALL_CONTENDERS + EXTRA_CONTENDERS
+        unknown = sorted(set(contenders) - set(known))
         if unknown:
-            parser.error(f"unknown contenders {unknown}; choose from {list(ALL_CONTENDERS)}")
+            parser.error(f"unknown contenders {unknown}; choose from {list(known)}")
         if "hand" not in contenders:
             contenders.insert(0, "hand")  # the reference for ratios and parameters
     try:

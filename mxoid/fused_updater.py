@@ -19,6 +19,12 @@ optimizer                          kernel                 against the stock path
 ``Adam``                           ``adam_update``        bit-identical
 =================================  =====================  =======================
 
+A step over a list of parameters (the loop's local updates, one call per
+device) queues its kernels as one operation of MXNet's engine
+(:class:`~mxoid.invoke.EngineBulk`, MXNet's imperative bulking): each engine
+operation costs its queuing, its dependency tracking and a pass through a
+worker's queue, paid once per step instead of once per parameter.
+
 A kvstore that updates (``update_on_kvstore``: the ``'local'`` and ``'device'``
 kvstores on several devices) calls its updater with new array handles at every
 step, pointing to the same storage (its summed gradient and its copy of the
@@ -47,7 +53,7 @@ from typing import Any, Dict, Optional, Union
 import mxnet as mx
 from mxnet.base import _LIB, check_call
 
-from .invoke import PreparedCall
+from .invoke import EngineBulk, PreparedCall
 
 __all__ = ["FusedSGDUpdater", "FusedUpdater", "create_updater", "fused_kernel"]
 
@@ -92,6 +98,7 @@ class FusedUpdater(mx.optimizer.Updater):
         super().__init__(optimizer)
         self.kvstore_buffers = kvstore_buffers
         self._plans: Dict[Any, Optional[_Plan]] = {}
+        self._bulks: Dict[int, EngineBulk] = {}
         self._kernel = fused_kernel(optimizer)
         self._function = getattr(mx.nd, self._kernel) if self._kernel else None
 
@@ -111,8 +118,12 @@ class FusedUpdater(mx.optimizer.Updater):
         if self._kernel is None:
             return super().__call__(index, grad, weight)
         if isinstance(index, (list, tuple)):
-            for one_index, one_grad, one_weight in zip(index, grad, weight):
-                self._update_one(one_index, one_grad, one_weight)
+            bulk = self._bulks.get(len(index))
+            if bulk is None:
+                bulk = self._bulks[len(index)] = EngineBulk(len(index))
+            with bulk:  # the step's kernels as one engine operation
+                for one_index, one_grad, one_weight in zip(index, grad, weight):
+                    self._update_one(one_index, one_grad, one_weight)
         else:
             self._update_one(index, grad, weight)
 

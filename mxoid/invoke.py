@@ -32,7 +32,14 @@ from mxnet.base import (
     mx_uint,
 )
 
-__all__ = ["PreparedCall", "PreparedCopy", "PreparedPushPull", "backward_pass", "forward_pass"]
+__all__ = [
+    "EngineBulk",
+    "PreparedCall",
+    "PreparedCopy",
+    "PreparedPushPull",
+    "backward_pass",
+    "forward_pass",
+]
 
 
 class PreparedCall:
@@ -221,3 +228,46 @@ def backward_pass(executor: mx.executor.Executor) -> None:
     """Queue ``executor``'s backward pass, as ``Executor.backward()`` does for loss outputs."""
     count, handles = _NO_HEAD_GRADIENTS
     check_call(_LIB.MXExecutorBackwardEx(executor.handle, count, handles, _TRAINING))
+
+
+class EngineBulk:
+    """Queue the operators called inside as one operation of MXNet's engine.
+
+    What ``mx.engine.bulk(size)`` does (MXNet's imperative bulking: operators
+    of one device queued from this thread, with no priority, run as one
+    engine operation, in order), with its two C calls prepared once. Each
+    engine operation costs its queuing, its dependency tracking and a pass
+    through a worker's queue: an optimizer step of one small kernel per
+    parameter pays that per parameter without it. Operators that bulking
+    cannot hold (a copy, a kvstore call, an operator with a priority) are
+    queued as usual, after those held so far.
+
+    Parameters
+    ----------
+    size : int
+        At most this many operators in one engine operation.
+
+    Examples
+    --------
+    >>> import mxnet as mx
+    >>> from mxoid.invoke import EngineBulk
+    >>> total, value = mx.nd.zeros((3,)), mx.nd.ones((3,))
+    >>> with EngineBulk(4):
+    ...     for _ in range(3):
+    ...         total += value
+    >>> total.asnumpy().tolist()
+    [3.0, 3.0, 3.0]
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = ctypes.c_int(int(size))
+        self._previous = ctypes.c_int(0)
+        self._replaced = ctypes.c_int(0)
+
+    def __enter__(self) -> EngineBulk:
+        check_call(_LIB.MXEngineSetBulkSize(self._size, ctypes.byref(self._previous)))
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        # Back to the size before: the operators held so far are queued now.
+        check_call(_LIB.MXEngineSetBulkSize(self._previous, ctypes.byref(self._replaced)))

@@ -358,3 +358,44 @@ def test_the_loop_settles_the_kvstore_buffers_after_its_first_epoch():
     keys = len(loop.manager.param_names)
     assert counted == [4 * keys, 4 * keys, 4 * keys]  # epochs 2 and 3: prepared calls only
     assert not updater.buffers_to_settle
+
+
+def _bulk_size() -> int:
+    """The engine's bulk size on this thread now (MXNet returns the old one when it is set)."""
+    size = mx.engine.set_bulk_size(0)
+    mx.engine.set_bulk_size(size)
+    return size
+
+
+def test_engine_bulk_sets_the_size_and_puts_the_one_before_back():
+    from mxoid.invoke import EngineBulk
+
+    assert _bulk_size() == 0
+    with EngineBulk(6):
+        assert _bulk_size() == 6
+        total = mx.nd.zeros((2,))
+        for _ in range(4):
+            total += 1  # held, then queued at the end of the block
+    assert _bulk_size() == 0
+    assert total.asnumpy().tolist() == [4.0, 4.0]
+
+
+@pytest.mark.parametrize("build", [make_optimizer, adam, nag])
+def test_a_steps_kernels_are_queued_as_one_engine_operation(build):
+    """A step over a list of parameters queues its fused kernels in one bulk (one
+    operation of MXNet's engine: each costs queuing, dependency tracking and a worker's
+    pass), with the stock updater's results bit for bit."""
+    updater = FusedUpdater(build())
+    sizes = []
+    update_one = updater._update_one
+
+    def spy(*args):
+        sizes.append(_bulk_size())
+        update_one(*args)
+
+    updater._update_one = spy
+    mine = run(updater, steps=3)
+    assert sizes == [len(NAMES)] * (3 * len(NAMES)) and _bulk_size() == 0
+    stock = run(mx.optimizer.get_updater(build()), steps=3)
+    for a, b in zip(mine, stock):
+        np.testing.assert_array_equal(a, b)

@@ -21,6 +21,7 @@ from ..metrics import (
     label_for_output,
     per_row_head,
 )
+from ..metrics.head import dtypes_of
 from ..pacing import Pacer
 from .base import FIRING_KEYWORDS, Extension
 
@@ -259,7 +260,8 @@ class Evaluate(_MetricsExtension):
         batch_size = next(iter(shapes.values()))[0]
         work_load = forward_work_load(batch_size, manager.work_load_list)
         rows = [s.stop - s.start for s in split_batch(batch_size, work_load)]
-        head = per_row_head(loop.symbol, bound, label_names, shapes, rows)
+        types = dtypes_of(list(data) + list(labels or []))
+        head = per_row_head(loop.symbol, bound, label_names, shapes, rows, input_types=types)
         if head is not None:
             manager = manager.evaluation_manager(data, labels, private_heads=[head])
             return MetricAccumulator(manager, bound, manager.private_outputs[0])
@@ -379,14 +381,17 @@ class TrainingMonitoring(_MetricsExtension):
         input_shapes: Dict[str, Tuple[int, ...]],
         rows_per_device: Sequence[int],
         running_sums: Optional[str] = None,
+        input_types: Optional[Dict[str, Any]] = None,
     ) -> Optional[mx.sym.Symbol]:
         """Return the head that computes this extension's per-row values in the training graph.
 
         The loop binds it with the training executors (see
         :func:`mxoid.metrics.per_row_head`), with ``running_sums`` the name of
         the head's argument whose gradient the backward passes add the values
-        to; None when no head can be built here (no device metric, or metrics
-        the outputs do not fit: attaching then says why).
+        to, and ``input_types`` the inputs' dtypes (the head takes fewer
+        operators where it can tell they are float32); None when no head can be
+        built here (no device metric, or metrics the outputs do not fit:
+        attaching then says why).
         """
         output_names = [output_short_name(n) for n in symbol.list_outputs()]
         try:
@@ -394,7 +399,9 @@ class TrainingMonitoring(_MetricsExtension):
         except ValueError:
             return None
         self._running_sums = running_sums
-        return per_row_head(symbol, bound, label_names, input_shapes, rows_per_device, running_sums)
+        return per_row_head(
+            symbol, bound, label_names, input_shapes, rows_per_device, running_sums, input_types
+        )
 
     def after_batch(self, batch: Any) -> None:
         """Add the batch to the running sums (no host sync), then fire if a condition holds."""
@@ -441,7 +448,7 @@ def private_heads(
         if isinstance(extension, TrainingMonitoring):
             running_sums = f"{RUNNING_SUMS_PREFIX}{len(heads)}"
             head = extension.private_head(
-                symbol, label_names, shapes, rows_per_device, running_sums
+                symbol, label_names, shapes, rows_per_device, running_sums, dtypes_of(descs)
             )
             if head is not None:
                 heads.append((extension, head))

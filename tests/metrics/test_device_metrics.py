@@ -1,5 +1,7 @@
 """Metrics computed on the devices, and the accumulator of their sums, against NumPy and MXNet."""
 
+import json
+
 import mxnet as mx
 import numpy as np
 import pytest
@@ -250,3 +252,45 @@ def test_metrics_with_arguments_by_name_as_mx_metric_create_takes_them():
     assert records == pytest.approx({"valid_softmax_top_k_accuracy_2": mxnet_top2.get()[1]})
     with pytest.raises(ValueError, match=r"mx.metric.create\('acc', \*\*\{'top_k': 2\}\) fails"):
         create_metrics(("acc", {"top_k": 2}))
+
+
+def _head_operators(head):
+    return [node["op"] for node in json.loads(head.tojson())["nodes"] if node["op"] != "null"]
+
+
+def test_accuracy_of_float32_outputs_takes_fewer_operators_and_counts_every_label_as_mxnet():
+    """Where the output and the label are float32, the accuracy's hits are argmax against
+    the label truncated toward zero (three operators fewer in the graph, and one cast of
+    all the values); MXNet's Accuracy casts both to int32. Labels that are fractional,
+    negative, out of range, huge or NaN count the same in both."""
+    from mxoid.metrics.head import per_row_head
+
+    X, y = dataset("valid")
+    y = y.copy()
+    y[:12] = [0.7, 1.99, 2.5, -0.5, -1.0, 3.0, 7.0, 1e10, -1e10, np.nan, np.inf, 2.0]
+    loop = two_head_loop([FinishAfter(after_n_epochs=1)])
+    loop.run()
+    evaluate = Evaluate({"valid": iterator(X, y, 21)}, {"softmax": ["acc", "ce"]})
+    evaluate.attach(loop)
+    records = evaluate.evaluate()
+    (prob,) = loop.predict(iterator(X, y, 21), outputs="softmax").values()
+    with np.errstate(invalid="ignore"):
+        mxnet_accuracy = mx.metric.Accuracy()
+        mxnet_accuracy.update([mx.nd.array(y)], [mx.nd.array(prob)])
+    assert records["valid_softmax_accuracy"] == mxnet_accuracy.get()[1]
+    assert 0 < mxnet_accuracy.get()[1] < 1
+
+    metrics = [("softmax", m) for m in create_metrics(["acc", "ce"])]
+    shapes = {"data": (21, X.shape[1]), "softmax_label": (21,), "reg_label": (21,)}
+    lean = per_row_head(loop.symbol, metrics, ["softmax_label", "reg_label"], shapes, [11, 10])
+    robust = per_row_head(
+        loop.symbol,
+        metrics,
+        ["softmax_label", "reg_label"],
+        shapes,
+        [11, 10],
+        input_types={"softmax_label": "float64"},
+    )
+    assert _head_operators(lean).count("Cast") == 1 and "fix" in _head_operators(lean)
+    assert _head_operators(robust).count("Cast") == 4
+    assert len(_head_operators(robust)) - len(_head_operators(lean)) == 2
