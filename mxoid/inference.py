@@ -74,7 +74,8 @@ def predict_outputs(
     reset before and after. Copies to the host are queued per batch and read
     once at the end; the host waits for the devices only when it is
     ``max_batches_ahead`` batches of a manager ahead of them (see
-    :mod:`mxoid.pacing`; ``'auto'``: 64 MiB of inputs; None: never).
+    :mod:`mxoid.pacing`; ``'auto'``: 64 MiB, each batch counted twice its inputs; None:
+    never).
     """
     names = _output_names(outputs, output_names)
     parts: Dict[str, List[mx.nd.NDArray]] = {name: [] for name in names}

@@ -136,8 +136,9 @@ class MainLoop:
         input arrays until the devices reach it; every ``max_batches_ahead //
         2`` batches the loop waits for the batch that many batches back (see
         :mod:`mxoid.pacing`), so memory stays bounded on a host faster than
-        its devices. ``'auto'``: as many batches as fit 64 MiB of inputs
-        (between 2 and 1024); an int (at least 2) sets it; None: no bound
+        its devices. ``'auto'``: as many batches as fit 64 MiB, each counted
+        twice its inputs (between 2 and 1024; :func:`mxoid.pacing.auto_limit`);
+        an int (at least 2) sets it; None: no bound
         (the whole epoch may be queued). Evaluation and prediction keep the
         same bound, for their own batches.
 

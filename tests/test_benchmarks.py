@@ -452,3 +452,33 @@ def test_a_contender_that_fails_or_hangs_is_reported_and_the_others_go_on(tmp_pa
     assert "RuntimeError: broken contender" in players["broken"].error
     assert "no epoch end within 2 s (hung)" in players["hung"].error
     assert len(players["broken"].epoch_seconds) == len(players["hung"].epoch_seconds) == 1
+
+
+def test_a_target_the_hand_loop_itself_misses_says_so():
+    """The hand loop does the least work a loop can do; where it misses a ratio to
+    Module.fit, no loop doing its work can meet it, and the verdict says so."""
+    beyond = {"met": False, "limit": 1.5, "measured": 1.35, "unit": "x", "floor": 1.37}
+    assert benchmark.verdict(beyond) == "missed by the floor too"
+    assert benchmark.format_measured(beyond) == "1.35x; the hand loop: 1.37x"
+    assert benchmark.VERDICT_CELLS[benchmark.verdict(beyond)] == "no, nor by the hand loop"
+    reachable = dict(beyond, floor=1.6, within_noise=False)
+    assert benchmark.verdict(reachable) == "MISSED"
+    assert benchmark.verdict(dict(beyond, met=True)) == "met"
+
+
+def test_targets_against_module_fit_carry_the_hand_loops_own_ratio(report):
+    data, _ = report
+    rows = data["results"]
+    index = {(r["contender"],) + benchmark.cell_of(r): r for r in rows}
+    found = [e for e in benchmark.targets(rows, None) if "1.5x Module.fit" in e["target"]]
+    assert found
+    for entry in found:
+        cell = next(
+            benchmark.cell_of(r)
+            for r in rows
+            if entry["target"].endswith(
+                f"{benchmark.describe_cell(benchmark.cell_of(r))}: >= 1.5x Module.fit, accuracy"
+            )
+        )
+        hand, module = index[("hand", *cell)], index[("module_fit_acc", *cell)]
+        assert entry["floor"] == benchmark.throughput_ratio(hand, module)[0]
