@@ -6,7 +6,7 @@ own, one after the other, carry those differences into their ratios (on the
 2-core VM these benchmarks run on, 30-50% between workers of one contender).
 Here every contender of a cell trains in one process, each in a thread of its
 own, and they take turns: each trains one epoch while the others wait, in an
-order that rotates every round. A ratio between two contenders is then taken
+order drawn anew every round. A ratio between two contenders is then taken
 round by round, between epochs run a fraction of a second apart in the same
 process.
 
@@ -36,7 +36,7 @@ import contenders  # puts the thread settings in the environment before MXNet
 import mxnet as mx
 import numpy as np
 
-__all__ = ["TurnClock", "Player", "run_interleaved_worker"]
+__all__ = ["ORDERS", "Player", "TurnClock", "rotation", "run_interleaved_worker", "shuffled"]
 
 TURN_TIMEOUT = 600.0
 """Seconds a turn may last before the worker gives up on that contender (a hang)."""
@@ -145,6 +145,27 @@ def rotation(names: List[str], round_index: int) -> List[str]:
     return names[shift:] + names[:shift]
 
 
+def shuffled(names: List[str], round_index: int, seed: int = 0) -> List[str]:
+    """The order of a round: the contenders in an order drawn for it (fixed seed).
+
+    Over the rounds every contender follows every other one about as often, so
+    whatever one contender leaves behind for the next (in the engine, the
+    allocator, the caches) falls on all alike; a rotation has each contender
+    follow the same one in almost every round.
+    """
+    rng = np.random.RandomState([seed, round_index])
+    return [names[i] for i in rng.permutation(len(names))]
+
+
+def rotated(names: List[str], round_index: int, seed: int = 0) -> List[str]:
+    """:func:`rotation`, with :func:`shuffled`'s arguments (``--order rotate``)."""
+    return rotation(names, round_index)
+
+
+ORDERS = {"shuffle": shuffled, "rotate": rotated}
+"""``run.py --order``: how the contenders' order is drawn for each round."""
+
+
 def run_interleaved_worker(spec_path: str) -> None:
     """Train the contenders of ``spec_path`` in turns; write each one's result and parameters.
 
@@ -163,8 +184,9 @@ def run_interleaved_worker(spec_path: str) -> None:
     for player in players.values():
         player.thread.start()
     names = list(players)
+    order = ORDERS[spec.get("order", "shuffle")]
     for round_index in range(spec["epochs"]):
-        for name in rotation(names, round_index):
+        for name in order(names, round_index, spec.get("repeat", 0)):
             player = players[name]
             if not player.play():
                 print(f"{name} failed in round {round_index}:\n{player.error}", file=sys.stderr)

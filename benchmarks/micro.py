@@ -209,7 +209,7 @@ def per_batch_costs(size: dict, workdir: str) -> (List[dict], List[str]):
             for player in players.values():
                 player.thread.start()
             for round_index in range(spec["epochs"]):
-                for name in interleave.rotation(names, round_index):
+                for name in interleave.shuffled(names, round_index):
                     players[name].play()
             for player in players.values():
                 player.finish()

@@ -446,14 +446,21 @@ class InterleavedJob(Job):
         root: str,
         repeat: int,
         optimizer: str = DEFAULT_OPTIMIZER,
+        order: str = "shuffle",
     ) -> None:
         super().__init__(
             "interleaved", model, batch, contexts, samples, epochs, root, repeat, optimizer
         )
         self.contenders = list(contenders)
+        self.order = order
 
     def spec(self) -> dict:
-        return {**super().spec(), "contenders": self.contenders}
+        return {
+            **super().spec(),
+            "contenders": self.contenders,
+            "order": self.order,
+            "repeat": self.repeat,
+        }
 
     def members(self) -> List[Job]:
         """One finished Job per contender, from this worker's folder."""
@@ -1231,6 +1238,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         help="timed epochs of each contender after the warm-up (the rounds of a process)",
     )
     parser.add_argument(
+        "--order",
+        choices=("shuffle", "rotate"),
+        default="shuffle",
+        help="the contenders' order in each round: drawn anew every round (the default), "
+        "or rotated by one",
+    )
+    parser.add_argument(
         "--no-memory",
         action="store_true",
         help="skip the memory pass (each contender in a process of its own, for its peak)",
@@ -1377,7 +1391,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
         if interleaved:
             workers = [
-                InterleavedJob(contenders, *cell[:3], samples_of(cell), 1 + timed, root, r, cell[3])
+                InterleavedJob(
+                    contenders, *cell[:3], samples_of(cell), 1 + timed, root, r, cell[3], args.order
+                )
                 for r in range(repeat)
                 for cell in cells
             ]
@@ -1455,6 +1471,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     else {str(k): v for k, v in adam_samples.items()}
                 ),
                 "design": "interleaved" if interleaved else "separate",
+                "order": args.order if interleaved else None,
                 "timed_epochs": timed,
                 "warmup_epochs": 1,
                 "repeat": repeat,
