@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-__all__ = ["BOOTSTRAP_DRAWS", "paired_ratio", "ratio_interval"]
+__all__ = ["BOOTSTRAP_DRAWS", "paired_ratio", "paired_time_ratio", "ratio_interval"]
 
 BOOTSTRAP_DRAWS = 2000
 
@@ -62,14 +62,15 @@ def ratio_interval(row: dict, other: dict, level: float = 0.90) -> Optional[Tupl
     return float(np.percentile(draws, tail)), float(np.percentile(draws, 100 - tail))
 
 
-def round_ratios(row: dict, other: dict) -> Optional[List[np.ndarray]]:
+def round_ratios(row: dict, other: dict, key: str = "epoch_seconds") -> Optional[List[np.ndarray]]:
     """Per process, ``row``'s throughput over ``other``'s in each round they both timed.
 
     Both rows must come from the same interleaved processes, in the same order
     (``epoch_seconds``: one list of round times per process). None when they
-    do not, or have no rounds.
+    do not, or have no rounds. ``key`` names other times per round
+    (``epoch_host_seconds``): the ratio is then ``other``'s over ``row``'s.
     """
-    mine, theirs = row.get("epoch_seconds") or [], other.get("epoch_seconds") or []
+    mine, theirs = row.get(key) or [], other.get(key) or []
     if not (row.get("interleaved") and other.get("interleaved")) or len(mine) != len(theirs):
         return None
     ratios = []
@@ -97,3 +98,13 @@ def paired_ratio(
     draws = _two_stage(ratios, BOOTSTRAP_DRAWS)
     tail = (1 - level) / 2 * 100
     return estimate, (float(np.percentile(draws, tail)), float(np.percentile(draws, 100 - tail)))
+
+
+def paired_time_ratio(row: dict, other: dict, key: str = "epoch_host_seconds") -> Optional[float]:
+    """The median, over every round of the same processes, of ``row``'s time over ``other``'s.
+
+    For the Python thread's host time per batch (``epoch_host_seconds``); None
+    unless both rows come from the same interleaved processes.
+    """
+    ratios = round_ratios(other, row, key)
+    return None if ratios is None else float(np.median(np.concatenate(ratios)))

@@ -33,7 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -41,7 +41,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from intervals import BOOTSTRAP_DRAWS, paired_ratio, ratio_interval  # noqa: E402, F401
+from intervals import (  # noqa: E402, F401
+    BOOTSTRAP_DRAWS,
+    paired_ratio,
+    paired_time_ratio,
+    ratio_interval,
+)
 
 DEFAULT_JSON = os.path.join(HERE, "results", "latest.json")
 ALL_CONTENDERS = (
@@ -435,22 +440,9 @@ class InterleavedJob(Job):
 
     result_file = "done.json"
 
-    def __init__(
-        self,
-        contenders: Sequence[str],
-        model: str,
-        batch: int,
-        contexts: int,
-        samples: int,
-        epochs: int,
-        root: str,
-        repeat: int,
-        optimizer: str = DEFAULT_OPTIMIZER,
-        order: str = "shuffle",
-    ) -> None:
-        super().__init__(
-            "interleaved", model, batch, contexts, samples, epochs, root, repeat, optimizer
-        )
+    def __init__(self, contenders: Sequence[str], *cell_and_run: Any, order: str = "shuffle"):
+        """``cell_and_run``: :class:`Job`'s arguments after the contender."""
+        super().__init__("interleaved", *cell_and_run)
         self.contenders = list(contenders)
         self.order = order
 
@@ -700,6 +692,7 @@ def analyse(jobs: List[Job], contenders: Sequence[str]) -> List[dict]:
                     },
                     "interleaved": interleaved,
                     "epoch_seconds": [list(timed_epochs(j.result)) for j in group],
+                    "epoch_host_seconds": [list(timed_epochs(j.result, "host")) for j in group],
                     "cpu_us_per_batch": float(
                         np.median(np.concatenate([timed_epochs(j.result, "cpu") for j in group]))
                     )
@@ -882,9 +875,13 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
         if contender in mxoid and model == "mlp" and batch == 32 and hand is not None:
             limit = 1.05 if contender == "mxoid_bare" else 1.10
             if hand["host_us_per_batch"] > 0:
+                # round by round where both trained in turns, as the throughput ratios
+                paired = paired_time_ratio(row, hand)
                 add(
                     f"{where}: Python thread's host time per batch <= {limit:.2f}x hand's",
-                    row["host_us_per_batch"] / hand["host_us_per_batch"],
+                    paired
+                    if paired is not None
+                    else row["host_us_per_batch"] / hand["host_us_per_batch"],
                     limit,
                     "x",
                     at_most=True,
@@ -1392,7 +1389,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if interleaved:
             workers = [
                 InterleavedJob(
-                    contenders, *cell[:3], samples_of(cell), 1 + timed, root, r, cell[3], args.order
+                    contenders,
+                    *cell[:3],
+                    samples_of(cell),
+                    1 + timed,
+                    root,
+                    r,
+                    cell[3],
+                    order=args.order,
                 )
                 for r in range(repeat)
                 for cell in cells

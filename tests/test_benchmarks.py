@@ -504,3 +504,26 @@ def test_each_round_draws_its_order_so_no_contender_always_follows_the_same_one(
             previous = name
     pairs = [(a, b) for a in names for b in names if a != b]
     assert all(follows.get(pair, 0) > 0.6 * 1600 / 12 for pair in pairs), follows
+
+
+def test_host_time_is_compared_round_by_round_too():
+    """The Python thread's CPU time slows down with the machine as wall time does: a
+    contender 10% over the hand loop's host time in every round measures 1.10 whatever
+    the rounds' levels; rows that cannot be paired give None (the ratio of medians then)."""
+    from intervals import paired_time_ratio
+
+    rng = np.random.RandomState(4)
+    levels = [rng.uniform(1.0, 2.0, 8) for _ in range(3)]
+    hand = {"interleaved": True, "epoch_host_seconds": [list(level) for level in levels]}
+    mine = {"interleaved": True, "epoch_host_seconds": [list(1.1 * level) for level in levels]}
+    assert paired_time_ratio(mine, hand) == pytest.approx(1.1)
+    assert paired_time_ratio(dict(mine, interleaved=False), hand) is None
+
+
+def test_rows_of_the_check_carry_their_host_time_per_round(report):
+    data, _ = report
+    for row in data["results"]:
+        assert [len(run) for run in row["epoch_host_seconds"]] == [
+            len(run) for run in row["epoch_seconds"]
+        ]
+        assert all(seconds > 0 for run in row["epoch_host_seconds"] for seconds in run)

@@ -78,12 +78,13 @@ def _accuracy(
 def _accuracy_float32(
     pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
 ) -> Tuple[mx.sym.Symbol, int]:
-    """:func:`_accuracy` with three operators fewer, for a float32 output and label.
+    """:func:`_accuracy` with fewer operators, for a float32 output and label.
 
     ``argmax`` gives each row's index as a float32 integer, and ``fix`` truncates
     the label toward zero, as the int32 casts of MXNet's ``Accuracy`` (and of
     :func:`_accuracy`) do: the same hits, for every label (NaN, negative,
-    fractional or out of range ones included), with the hits already float32.
+    fractional or out of range ones included), with one operator for the two
+    casts, and float32 hits (which let the head cast all its values at once).
     """
     if pred_shape == label_shape:
         return _accuracy(pred, label, pred_shape, label_shape)

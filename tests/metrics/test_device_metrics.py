@@ -260,9 +260,10 @@ def _head_operators(head):
 
 def test_accuracy_of_float32_outputs_takes_fewer_operators_and_counts_every_label_as_mxnet():
     """Where the output and the label are float32, the accuracy's hits are argmax against
-    the label truncated toward zero (three operators fewer in the graph, and one cast of
-    all the values); MXNet's Accuracy casts both to int32. Labels that are fractional,
-    negative, out of range, huge or NaN count the same in both."""
+    the label truncated toward zero, and all the values are cast at once (two operators
+    fewer in the graph for accuracy and cross-entropy); MXNet's Accuracy casts both to
+    int32. Labels that are fractional, negative, out of range, huge or NaN count the same
+    in both."""
     from mxoid.metrics.head import per_row_head
 
     X, y = dataset("valid")
