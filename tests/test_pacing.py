@@ -153,55 +153,33 @@ def test_a_pacer_marks_every_half_limit():
     assert pacer._pending == 1  # marked after the 3rd and the 6th batch: the second token
 
 
-def peak_growth_mib(limit, batches=120, batch_shape=(32, 3, 88, 88)):
-    """Peak resident memory while training ``batches`` batches (of 3 MB by default) on the
-    slow network."""
-    import sys
-
-    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[1] / "benchmarks"))
-    from contenders import _peak_rss_kib, _reset_peak_rss, _rss_kib
-
-    rng = np.random.RandomState(0)
-    rows = batch_shape[0]
-    X = rng.rand(batches * rows, *batch_shape[1:]).astype(np.float32)
-    y = rng.randint(0, 3, batches * rows).astype(np.float32)
-    net = slow_net()
-    loop = MainLoop(
-        net,
-        mx.io.NDArrayIter(X, y, batch_size=rows, label_name="softmax_label"),
-        arg_params=initial_params(net, batch_shape),
-        max_batches_ahead=limit,
-        extensions=[FinishAfter(after_n_epochs=1)],
-    )
-    mx.nd.waitall()
-    before = _rss_kib()
-    assert _reset_peak_rss()
-    loop.run()
-    return (_peak_rss_kib() - before) / 1024
-
-
-def test_the_bound_bounds_memory_where_an_unbounded_host_queues_the_epoch():
-    """The README's claim: each queued batch keeps its inputs, and 'auto' keeps 64 MiB."""
-    unbounded = peak_growth_mib(None)
-    auto = peak_growth_mib("auto")  # 21 batches of 3 MB
-    assert unbounded > 200  # most of the 120 batches' 360 MB queued at once
-    assert auto < 64 + 40  # the inputs 'auto' allows, and the network's own arrays
-
-
-MLP_PEAK_SCRIPT = """
+PEAK_SCRIPT = """
 import sys
-sys.path[:0] = [sys.argv[1], sys.argv[2]]
+sys.path[:0] = sys.argv[1:4]  # the repository, benchmarks/, tests/
 import contenders  # the thread settings, then MXNet
 import mxnet as mx
+import numpy as np
 from mxoid import FinishAfter, MainLoop
-limit = {"None": None, "auto": "auto"}.get(sys.argv[3], sys.argv[3])
+kind, limit = sys.argv[4], {"None": None, "auto": "auto"}.get(sys.argv[5], sys.argv[5])
 limit = int(limit) if isinstance(limit, str) and limit != "auto" else limit
-X, y = contenders.make_data("mlp", 128 * 128)
+if kind == "slow":  # 120 batches of 32 images 3x88x88 (3 MB), a 5 ms operator each
+    from slow_ops import register_slow_identity
+    register_slow_identity("mxoid_slow_identity", 0.005, [])
+    rng = np.random.RandomState(0)
+    X = rng.rand(120 * 32, 3, 88, 88).astype(np.float32)
+    y = rng.randint(0, 3, 120 * 32).astype(np.float32)
+    slow = mx.sym.Custom(mx.sym.Variable("data"), op_type="mxoid_slow_identity")
+    net = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(slow, num_hidden=3, name="fc"), name="softmax")
+    rows, epochs = 32, 1
+else:  # an MLP 784-128-64-10, 128 batches of 128 rows (400 KB) an epoch
+    X, y = contenders.make_data("mlp", 128 * 128)
+    net = contenders.build_symbol("mlp")
+    rows, epochs = 128, 2
 loop = MainLoop(
-    contenders.build_symbol("mlp"),
-    mx.io.NDArrayIter(X, y, batch_size=128, label_name="softmax_label"),
+    net,
+    mx.io.NDArrayIter(X, y, batch_size=rows, label_name="softmax_label"),
     max_batches_ahead=limit,
-    extensions=[FinishAfter(after_n_epochs=2)],
+    extensions=[FinishAfter(after_n_epochs=epochs)],
 )
 del X, y
 mx.nd.waitall()
@@ -212,17 +190,18 @@ print((contenders._peak_rss_kib() - before) / 1024)
 """
 
 
-def mlp_peak_growth_mib(limit):
-    """Peak resident memory while an MLP 784-128-64-10 trains two epochs of 128 batches of
-    128 rows (400 KB of inputs a batch; its host runs ahead of its device by itself), in a
-    process of its own: one that had trained before would reuse memory it kept."""
+def peak_growth_mib(kind, limit):
+    """Peak resident memory (MiB over that before training) while ``kind`` trains with
+    ``max_batches_ahead=limit``, in a process of its own: a process that trained before
+    reuses the memory it kept, and would hide what the queue holds."""
     import pathlib
     import subprocess
     import sys
 
     root = pathlib.Path(__file__).parents[1]
     completed = subprocess.run(
-        [sys.executable, "-c", MLP_PEAK_SCRIPT, str(root), str(root / "benchmarks"), str(limit)],
+        [sys.executable, "-c", PEAK_SCRIPT]
+        + [str(root), str(root / "benchmarks"), str(root / "tests"), kind, str(limit)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -231,14 +210,23 @@ def mlp_peak_growth_mib(limit):
     return float(completed.stdout.split()[-1])
 
 
+def test_the_bound_bounds_memory_where_an_unbounded_host_queues_the_epoch():
+    """The README's claim: each queued batch keeps its inputs (120 batches of 3 MB on a
+    network slower than its host), and 'auto' keeps 64 MiB (10 batches, counted twice)."""
+    unbounded = peak_growth_mib("slow", None)
+    auto = peak_growth_mib("slow", "auto")
+    assert unbounded > 200  # most of the 120 batches' 360 MB queued at once
+    assert auto < 64 + 40  # the inputs 'auto' allows, and the network's own arrays
+
+
 def test_what_auto_queues_stays_within_64_mib_for_batches_of_400_kb():
     """Batches of 400 KB: a queued batch holds about twice its inputs there (the
     iterator's copy, and memory of the batches computed meanwhile not yet given back:
     1.9x measured), so 'auto' counts each twice (83 batches). What the lead holds, the
     peak over that of a lead of 2 batches, stays within 64 MiB; without the bound the
     host queues the epoch, and more than that."""
-    least = mlp_peak_growth_mib(2)
-    auto = mlp_peak_growth_mib("auto")
-    unbounded = mlp_peak_growth_mib(None)
+    least = peak_growth_mib("mlp", 2)
+    auto = peak_growth_mib("mlp", "auto")
+    unbounded = peak_growth_mib("mlp", None)
     assert auto - least < 64
     assert unbounded - least > 64
