@@ -506,6 +506,23 @@ def test_each_round_draws_its_order_so_no_contender_always_follows_the_same_one(
     assert all(follows.get(pair, 0) > 0.6 * 1600 / 12 for pair in pairs), follows
 
 
+def test_each_pair_of_timed_rounds_gives_every_contender_each_position_alike():
+    """Rounds 1 and 2, 3 and 4, ... run one order and its reverse: with two contenders each
+    is first in exactly half of the timed rounds of a process, whatever its seed; with
+    more, each contender's two positions in a pair sum to n - 1."""
+    import interleave
+
+    for seed in range(6):
+        firsts = [interleave.shuffled(["a", "b"], r, seed)[0] for r in range(1, 9)]
+        assert firsts.count("a") == firsts.count("b") == 4
+        names = ["a", "b", "c", "d", "e"]
+        for first in range(1, 41, 2):
+            one, two = (interleave.shuffled(names, r, seed) for r in (first, first + 1))
+            assert two == one[::-1]
+            assert {one.index(n) + two.index(n) for n in names} == {len(names) - 1}
+        assert interleave.shuffled(names, 1, seed) != interleave.shuffled(names, 3, seed)
+
+
 def test_host_time_is_compared_round_by_round_too():
     """The Python thread's CPU time slows down with the machine as wall time does: a
     contender 10% over the hand loop's host time in every round measures 1.10 whatever
