@@ -328,9 +328,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 }
             # Round by round: the two ran back to back, so a slow moment of the
             # machine (which slows the thread's CPU time too) falls on both.
-            extra = float(
-                np.median([m[1] - h[1] for m, h in zip(times["mxoid"], times["hand"])])
-            )
+            extra = float(np.median([m[1] - h[1] for m, h in zip(times["mxoid"], times["hand"])]))
             row["host_us_per_array_over_hand"] = extra / arrays
             results.append(row)
             hand_row, ours = row["hand"], row["mxoid"]
