@@ -1238,8 +1238,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         "--order",
         choices=("shuffle", "rotate"),
         default="shuffle",
-        help="the contenders' order in each round: drawn anew every round (the default), "
-        "or rotated by one",
+        help="the contenders' order in each round: drawn for each pair of timed rounds and "
+        "reversed in the second (the default), or rotated by one",
     )
     parser.add_argument(
         "--no-memory",
