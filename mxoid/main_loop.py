@@ -648,7 +648,7 @@ class MainLoop:
         outputs). Nothing is written into the log. With a distributed kvstore
         every worker must call it (the totals are summed over the workers).
         """
-        from .extensions.monitoring import Evaluate
+        from .extensions.evaluation import Evaluate
 
         evaluation = Evaluate({name: iterator}, metrics, name=f"score_{name}")
         evaluation.attach(self)

@@ -2,8 +2,9 @@
 
 :mod:`.base` holds the Extension class, its firing conditions and
 predicates (:class:`OnLogRecord`); :mod:`.dispatch` calls the hooks in
-order. The extensions, by theme: :mod:`.monitoring` (Evaluate,
-TrainingMonitoring), :mod:`.stopping` (FinishAfter, EarlyStopping,
+order. The extensions, by theme: :mod:`.evaluation` (Evaluate) and
+:mod:`.monitoring` (TrainingMonitoring), which share
+:mod:`.metrics_extension`; :mod:`.stopping` (FinishAfter, EarlyStopping,
 NaNGuard), :mod:`.selection` (TrackBest), :mod:`.training`
 (LearningRateSchedule, ReduceLROnPlateau, ClipGradientNorm), :mod:`.inspection`
 (Monitor), :mod:`.saveload` (Checkpoint), :mod:`.printing`
@@ -12,9 +13,10 @@ NaNGuard), :mod:`.selection` (TrackBest), :mod:`.training`
 """
 
 from .base import FIRING_KEYWORDS, HOOKS, Extension, OnLogRecord
+from .evaluation import Evaluate
 from .inspection import Monitor
 from .log_writers import CSVLog, JSONLinesLog
-from .monitoring import Evaluate, TrainingMonitoring
+from .monitoring import TrainingMonitoring
 from .printing import Printing, ProgressBar
 from .saveload import Checkpoint
 from .selection import TrackBest

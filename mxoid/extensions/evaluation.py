@@ -1,0 +1,196 @@
+"""Evaluate: metrics of named outputs on evaluation iterators, summed on the devices."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+
+import mxnet as mx
+
+from ..executor_manager import forward_work_load, split_batch
+from ..metrics import Metric, MetricAccumulator, label_for_output, per_row_head
+from ..metrics.head import dtypes_of
+from ..pacing import Pacer
+from .base import FIRING_KEYWORDS
+from .metrics_extension import NOT_BOUND, MetricsExtension, MetricsSpec, _record_names
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..main_loop import MainLoop
+
+__all__ = ["Evaluate"]
+
+
+class Evaluate(MetricsExtension):
+    """Evaluate metrics of named outputs on several data iterators.
+
+    Each iterator runs through the network (``is_train=False``) with the
+    current parameters, and every metric of every output gets a record named
+    ``<iterator>_<output>_<metric>`` (``valid_softmax_accuracy``), or
+    ``<iterator>_<metric>`` (``valid_accuracy``) when the symbol has one
+    output. Metric names (:data:`mxoid.metrics.DEVICE_METRIC_NAMES`) are
+    computed on the devices and are means over every real sample of the
+    iterator, as NumPy computes them on the whole data set: padding in the
+    last batch never counts. ``mx.metric.EvalMetric`` objects and functions
+    ``f(label, pred) -> float`` are computed on the host (see
+    :func:`mxoid.metrics.create_metrics`).
+
+    Iterators may have another batch size than training: executors are bound
+    for each iterator's shapes once (the training shapes too), sharing the
+    training parameters and memory pool, and they compute each row's metric
+    values in their own graph (one array addition per device and batch is
+    left); with host metrics only, an iterator of the training shapes runs on
+    the training executors. Either way the loop
+    first waits for the training step in flight and, on several devices,
+    makes every device hold the averaged BatchNorm statistics
+    (:meth:`MainLoop.get_params` describes the policy), and training goes on
+    only once evaluation is computed: the network evaluated is the one
+    ``get_params()`` returns and a checkpoint saves. Each iterator is reset
+    before and after use. Evaluation changes neither the parameters nor the
+    training iterator.
+
+    Parameters
+    ----------
+    iterators : dict of str to mx.io.DataIter
+        Name (the record prefix) -> iterator. Labels are found by name: the
+        label of output ``'softmax'`` is ``'softmax_label'`` (any one label
+        for a symbol with one output).
+    metrics : dict or metric or list of metrics
+        Output name (``'softmax'`` or ``'softmax_output'``) -> metric or list
+        of metrics; a metric or list alone when the symbol has one output.
+    **kwargs
+        Firing conditions and options of :class:`Extension`. Without any
+        firing condition, it fires after every epoch (``every_n_epochs=1``).
+
+    Attributes
+    ----------
+    iterators : dict of str to mx.io.DataIter
+    reduce : callable or None
+        Hook for distributed training: when set, it maps the ``(sum, count)``
+        rows of an iterator's metrics (a NumPy array, see
+        :meth:`mxoid.metrics.MetricAccumulator.totals`) to their sums over
+        the workers, before the division. None: this worker's values.
+
+    Raises
+    ------
+    ValueError
+        At construction for unknown metric names; when the loop attaches it,
+        for unknown outputs, missing labels or shapes a metric cannot use.
+
+    Examples
+    --------
+    .. code-block:: python
+
+        Evaluate({"valid": valid_iter, "test": test_iter},
+                 metrics={"softmax": "acc", "reg": ["mse", "mae"]})
+    """
+
+    def __init__(
+        self, iterators: Mapping[str, mx.io.DataIter], metrics: MetricsSpec, **kwargs: Any
+    ) -> None:
+        if not isinstance(iterators, Mapping) or not iterators:
+            raise TypeError(
+                "iterators must be a non-empty dict of name -> mx.io.DataIter, e.g. "
+                f"{{'valid': valid_iter}}; got {type(iterators).__name__}"
+            )
+        for name, iterator in iterators.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(
+                    f"iterator names are the record prefixes, non-empty strings; got {name!r}"
+                )
+            for attribute in ("provide_data", "provide_label", "reset"):
+                if not hasattr(iterator, attribute):
+                    raise TypeError(
+                        f"iterator {name!r} must be an mx.io.DataIter (it has no "
+                        f"{attribute}); got {type(iterator).__name__}"
+                    )
+        if not any(kwargs.get(keyword) for keyword in FIRING_KEYWORDS):
+            kwargs["every_n_epochs"] = 1
+        super().__init__(metrics, **kwargs)
+        self.iterators: Dict[str, mx.io.DataIter] = dict(iterators)
+        self._accumulators: Dict[str, MetricAccumulator] = {}
+        self._records: Dict[str, List[str]] = {}
+        self._pacers: Dict[str, Optional[Pacer]] = {}
+
+    def _bind(self, loop: MainLoop) -> None:
+        bound = self._metrics_on_outputs(loop)
+        single = len(loop.manager.output_names) == 1
+        self._accumulators, self._records, self._pacers = {}, {}, {}
+        for name, iterator in self.iterators.items():
+            self._records[name] = _record_names(name, bound, single)
+            label_names = [desc[0] for desc in iterator.provide_label or ()]
+            try:
+                for output, _ in bound:
+                    label_for_output(output, loop.manager.output_names, label_names)
+                self._accumulators[name] = self._accumulator(loop, iterator, bound)
+            except ValueError as error:
+                raise ValueError(f"{self.name}, iterator {name!r}: {error}") from None
+            # The host's lead over the devices bounded, as in training.
+            manager = self._accumulators[name].manager
+            self._pacers[name] = Pacer.of(manager, loop.max_batches_ahead)
+
+    @staticmethod
+    def _accumulator(
+        loop: MainLoop, iterator: mx.io.DataIter, bound: List[Tuple[str, Metric]]
+    ) -> MetricAccumulator:
+        """Bind the metrics of one iterator: in the evaluation graph itself where they fit.
+
+        The iterator gets executors of its own (sharing the parameters, and the
+        training executors' memory pool), which compute the per-row values as
+        a private head (:func:`~mxoid.metrics.per_row_head`), whatever its
+        shapes, the training ones included; metrics that cannot be built into
+        the graph are computed by an operator call per device and batch, on
+        the training executors for inputs of the training shapes.
+        """
+        manager = loop.manager
+        data, labels = iterator.provide_data, iterator.provide_label
+        shapes = {desc[0]: tuple(desc[1]) for desc in list(data) + list(labels or [])}
+        label_names = [desc[0] for desc in labels or []]
+        batch_size = next(iter(shapes.values()))[0]
+        work_load = forward_work_load(batch_size, manager.work_load_list)
+        rows = [s.stop - s.start for s in split_batch(batch_size, work_load)]
+        types = dtypes_of(list(data) + list(labels or []))
+        head = per_row_head(loop.symbol, bound, label_names, shapes, rows, input_types=types)
+        if head is not None:
+            manager = manager.evaluation_manager(data, labels, private_heads=[head])
+            return MetricAccumulator(manager, bound, manager.private_outputs[0])
+        return MetricAccumulator(manager.evaluation_manager(data, labels), bound)
+
+    def do(self, which_callback: str, *args: Any) -> None:
+        """Evaluate every iterator and write the records into the current row."""
+        self.main_loop.log.current_row.update(self.evaluate())
+
+    def evaluate(self) -> Dict[str, float]:
+        """Run every iterator through the network now and return the records by name."""
+        loop = self.main_loop
+        if loop is None:
+            raise RuntimeError(NOT_BOUND.format(name=self.name))
+        # The model evaluated is the one get_params() returns and a checkpoint
+        # saves; and no evaluation runs while the training step is in flight
+        # (see DataParallelExecutorManager.synchronize).
+        loop.manager.reconcile_aux_states()
+        loop.synchronize()
+        records: Dict[str, float] = {}
+        try:
+            for name, iterator in self.iterators.items():
+                records.update(zip(self._records[name], self._evaluate(name, iterator)))
+        finally:
+            loop.synchronize()  # nor any training step while evaluation is in flight
+        return records
+
+    def _evaluate(self, name: str, iterator: mx.io.DataIter) -> List[float]:
+        accumulator = self._accumulators[name]
+        manager = accumulator.manager
+        accumulator.reset()
+        iterator.reset()
+        pacer = self._pacers[name]
+        try:
+            for batch in iterator:
+                manager.load_data_batch(batch)
+                manager.forward(is_train=False)
+                accumulator.update()
+                if pacer is not None:
+                    pacer.queued()
+        finally:
+            iterator.reset()
+        if accumulator.rows == 0:
+            raise ValueError(f"{self.name}: iterator {name!r} yielded no samples; is it empty?")
+        return accumulator.values(self.reduce)
