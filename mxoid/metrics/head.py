@@ -78,8 +78,7 @@ def per_row_head(
                 return None
             position = output_names.index(output)
             per_row = metric.per_row
-            float32 = (out_types or [None] * (position + 1))[position] == "float32"
-            if float32 and types.get(label) == "float32":
+            if out_types and out_types[position] == types.get(label) == "float32":
                 per_row = getattr(metric, "float32_per_row", None) or per_row
             sums, _ = per_row(
                 symbol[position],
