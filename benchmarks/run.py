@@ -177,6 +177,9 @@ def tolerance(contender: str, optimizer: str) -> tuple:
     return RTOL, ATOL
 
 
+EXTENSION_US_PER_BATCH = 10.0
+"""The most an everyday extension may add to a batch in the micro-benchmark (issue 13)."""
+
 TARGETS_TEXT = (
     "ratios to the hand loop, Module.fit or Gluon in the same run, medians; for throughput "
     "ratios a 90% bootstrap interval over the runs and their timed epochs, and 'missed "
@@ -827,7 +830,8 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
     two contexts (compute-bound), bare at least 0.95 on LeNet; peak memory at
     most Module.fit's + 10% + the inputs mxoid may queue ahead of the devices
     (64 MiB, ``mxoid.pacing.QUEUED_INPUT_BUDGET``); hook dispatch at most 2 us
-    per extension.
+    per extension; each everyday extension at most 10 us per batch over the bare
+    loop in the micro-benchmark (its wall-clock difference, with its interval).
     """
     index = {(r["contender"],) + cell_of(r): r for r in rows if "samples_per_second" in r}
     found = []
@@ -918,6 +922,22 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
                 limit,
                 "MiB",
                 at_most=True,
+            )
+    for entry in (micro or {}).get("per_batch", ()):
+        name = entry["name"]
+        if name.startswith("+ ") and name != "+ all everyday" and "us_per_batch_interval" in entry:
+            low, high = entry["us_per_batch_interval"]
+            found.append(
+                {
+                    "target": f"micro, {entry['cell']}, {name[2:]}: <= "
+                    f"{EXTENSION_US_PER_BATCH:.0f} us per batch over the bare loop",
+                    "measured": entry["us_per_batch"],
+                    "limit": EXTENSION_US_PER_BATCH,
+                    "met": entry["us_per_batch"] <= EXTENSION_US_PER_BATCH,
+                    "unit": "us",
+                    "interval": [low, high],
+                    "within_noise": low <= EXTENSION_US_PER_BATCH <= high,
+                }
             )
     if micro and "dispatch" in micro:
         for entry in micro["dispatch"]:
@@ -1012,13 +1032,22 @@ def format_micro(micro: dict) -> str:
         )
     for entry in micro.get("per_batch", ()):
         lines.append(
-            f"  {entry['cell']} {entry['name']:<34} {entry['us_per_batch']:+8.1f} us/batch wall, "
+            f"  {entry['cell']} {entry['name']:<34} {entry['us_per_batch']:+8.1f} us/batch wall"
+            f"{micro_interval(entry)}, "
             f"{entry['cpu_us_per_batch']:+8.1f} CPU; {entry['hook_us_per_batch']:6.1f} us in "
             f"its per-batch hooks; throughput {micro_ratio(entry)} of the bare loop's"
         )
     for note in micro.get("notes", ()):
         lines.append(f"  note: {note}")
     return "\n".join(lines)
+
+
+def micro_interval(entry: dict) -> str:
+    """A micro-benchmark variant's wall-clock cost per batch: its interval, where it has one."""
+    if "us_per_batch_interval" not in entry:  # results of earlier runs
+        return ""
+    low, high = entry["us_per_batch_interval"]
+    return f" (90%: {low:+.1f} to {high:+.1f})"
 
 
 def micro_ratio(entry: dict) -> str:
@@ -1082,7 +1111,8 @@ def format_markdown(report: dict) -> str:
         ]
         for entry in micro["per_batch"]:
             lines.append(
-                f"| {entry['cell']} {entry['name']} | {entry['us_per_batch']:+.0f} "
+                f"| {entry['cell']} {entry['name']} | {entry['us_per_batch']:+.0f}"
+                f"{micro_interval(entry)} "
                 f"| {entry['cpu_us_per_batch']:+.0f} | {entry['hook_us_per_batch']:.0f} "
                 f"| {micro_ratio(entry)} |"
             )
@@ -1131,7 +1161,10 @@ def format_measured(entry: dict) -> str:
     }.get(unit, f"{measured:.1%}")
     if "interval" in entry:
         low, high = entry["interval"]
-        text += f" (90%: {low:.0%}-{high:.0%})" if unit == "%" else f" (90%: {low:.2f}-{high:.2f}x)"
+        text += {
+            "%": f" (90%: {low:.0%}-{high:.0%})",
+            "us": f" (90%: {low:.1f} to {high:.1f} us)",
+        }.get(unit, f" (90%: {low:.2f}-{high:.2f}x)")
     if entry.get("floor") is not None:
         text += f"; the hand loop: {entry['floor']:.2f}x"
     return text

@@ -334,6 +334,53 @@ def _interleaved_rows(seconds_by_contender):
     }
 
 
+def test_a_per_batch_cost_is_taken_round_by_round_with_its_interval():
+    """An extension that adds 8 us to every batch while the machine's speed drifts by
+    hundreds of microseconds from round to round measures 8 us, with a zero-width
+    interval; one that adds 0 or 16 us in alternate rounds is uncertain about it."""
+    from intervals import paired_difference
+
+    rng = np.random.RandomState(5)
+    bare = rng.uniform(300e-6, 700e-6, 100)
+    estimate, (low, high) = paired_difference(bare + 8e-6, bare)
+    assert estimate == pytest.approx(8e-6)
+    assert high - low < 1e-12
+    alternating = bare + np.where(np.arange(100) % 2, 16e-6, 0.0)
+    estimate, (low, high) = paired_difference(alternating, bare)
+    assert low < 8e-6 < high and high - low > 8e-6
+    with pytest.raises(ValueError, match="no rounds"):
+        paired_difference([], [])
+
+
+def test_each_everyday_extension_is_held_to_10_us_per_batch_with_its_interval(report):
+    data, _ = report
+    entries = [
+        e
+        for e in data["micro"]["per_batch"]
+        if e["name"].startswith("+ ") and e["name"] != "+ all everyday"
+    ]
+    assert entries  # the check measures TrainingMonitoring
+    found = {
+        t["target"]: t
+        for t in benchmark.targets(data["results"], data["micro"])
+        if t["target"].startswith("micro, ")
+    }
+    assert len(found) == len(entries)
+    for entry in entries:
+        low, high = entry["us_per_batch_interval"]
+        assert low <= entry["us_per_batch"] <= high
+        (target,) = [
+            t for name, t in found.items() if entry["name"][2:] in name and entry["cell"] in name
+        ]
+        assert target["unit"] == "us" and target["limit"] == 10.0
+        assert target["measured"] == entry["us_per_batch"]
+        assert target["met"] == (entry["us_per_batch"] <= 10.0)
+        assert target["within_noise"] == (low <= 10.0 <= high)
+        assert benchmark.format_measured(target) == (
+            f"{target['measured']:.2f} us (90%: {low:.1f} to {high:.1f} us)"
+        )
+
+
 def test_round_by_round_ratios_see_through_what_disturbs_both_contenders():
     """The machine slows down and speeds up from round to round; a contender 10%
     slower than the other in every round is measured at 0.909, exactly, where the
