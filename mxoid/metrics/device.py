@@ -181,6 +181,10 @@ class DeviceMetric:
         The same values with fewer operators, valid when the output and the
         label are both float32 (what :func:`~mxoid.metrics.head.per_row_head`
         builds into a graph where it can tell they are).
+    native : str, optional
+        The column of mxoid's fused operator (:mod:`mxoid.metrics.native`)
+        that computes the same values, bit for bit, in one operator
+        (``'accuracy'`` or ``'cross_entropy'``); for mxoid's own metrics.
 
     Examples
     --------
@@ -199,11 +203,13 @@ class DeviceMetric:
         *,
         root: bool = False,
         float32_per_row: Optional[PerRow] = None,
+        native: Optional[str] = None,
     ) -> None:
         self.name = snake_case(name)
         self.per_row = per_row
         self.root = root
         self.float32_per_row = float32_per_row
+        self.native = native
 
     def value(self, total: float, count: float) -> float:
         """Return the metric from the sum of per-element values and their count."""
@@ -217,10 +223,14 @@ class DeviceMetric:
 
 
 DEVICE_METRICS: Dict[str, Callable[[], DeviceMetric]] = {
-    "accuracy": lambda: DeviceMetric("accuracy", _accuracy, float32_per_row=_accuracy_float32),
+    "accuracy": lambda: DeviceMetric(
+        "accuracy", _accuracy, float32_per_row=_accuracy_float32, native="accuracy"
+    ),
     "mse": lambda: DeviceMetric("mse", _squared_error),
     "mae": lambda: DeviceMetric("mae", _absolute_error),
     "rmse": lambda: DeviceMetric("rmse", _squared_error, root=True),
-    "cross_entropy": lambda: DeviceMetric("cross_entropy", _negative_log_likelihood),
-    "nll_loss": lambda: DeviceMetric("nll_loss", _negative_log_likelihood),
+    "cross_entropy": lambda: DeviceMetric(
+        "cross_entropy", _negative_log_likelihood, native="cross_entropy"
+    ),
+    "nll_loss": lambda: DeviceMetric("nll_loss", _negative_log_likelihood, native="cross_entropy"),
 }

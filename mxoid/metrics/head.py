@@ -28,6 +28,7 @@ def per_row_head(
     rows_per_device: Sequence[int],
     running_sums: Optional[str] = None,
     input_types: Optional[Dict[str, Any]] = None,
+    native: bool = True,
 ) -> Optional[mx.sym.Symbol]:
     """Return a head computing the device metrics' per-row values in the symbol's own graph.
 
@@ -55,11 +56,13 @@ def per_row_head(
     network is most of its cost; where the types allow (``input_types``: the
     inputs' dtypes, float32 where not given), the head takes fewer: a metric's
     ``float32_per_row`` where its output and label are float32, and one cast of
-    the stacked values to float64 where every value is float32.
+    the stacked values to float64 where every value is float32. Fewest of all,
+    with ``native`` (the default): where every device metric is accuracy or
+    cross-entropy (or NLL) of one float32 output of shape ``(rows, classes)``
+    with float32 labels of shape ``(rows,)``, one operator of mxoid's computes
+    all the values, the same bit for bit, when it can be built here
+    (:mod:`mxoid.metrics.native`).
     """
-    output_names = [output_short_name(n) for n in symbol.list_outputs()]
-    internals = symbol.get_internals()
-    available = set(internals.list_outputs())
 
     def device_shapes(rows: int) -> Dict[str, Tuple[int, ...]]:
         return {name: (rows,) + tuple(shape[1:]) for name, shape in input_shapes.items()}
@@ -69,33 +72,26 @@ def per_row_head(
     out_types = _infer_types(symbol, types)
     try:
         _, out_shapes, _ = _infer_shapes(symbol, shapes)
-        columns = []
-        for output, metric in metrics:
-            if isinstance(metric, HostMetric):
-                continue
-            label = label_for_output(output, output_names, label_names)
-            if label not in available:
-                return None
-            position = output_names.index(output)
-            per_row = metric.per_row
-            if out_types and out_types[position] == types.get(label) == "float32":
-                per_row = getattr(metric, "float32_per_row", None) or per_row
-            sums, _ = per_row(
-                symbol[position],
-                internals[label],
-                tuple(out_shapes[position]),
-                tuple(shapes[label]),
-            )
-            columns.append(sums)
-    except (ValueError, KeyError, mx.base.MXNetError):
+    except mx.base.MXNetError:
         return None
-    if not columns:
-        return None
-    column_types = [(_infer_types(column, types) or [None])[0] for column in columns]
-    if all(dtype == "float32" for dtype in column_types):  # one cast, after the stack
-        values = mx.sym.cast(mx.sym.stack(*columns, axis=1), dtype="float64")
+    fused = None
+    if native:
+        fused = _native_values(symbol, metrics, label_names, shapes, types, out_shapes, out_types)
+    if fused is not None:
+        values, width = fused
     else:
-        values = mx.sym.stack(*[mx.sym.cast(c, dtype="float64") for c in columns], axis=1)
+        try:
+            columns = _columns(symbol, metrics, label_names, shapes, types, out_shapes, out_types)
+        except (ValueError, KeyError, mx.base.MXNetError):
+            return None
+        if not columns:
+            return None
+        column_types = [(_infer_types(column, types) or [None])[0] for column in columns]
+        if all(dtype == "float32" for dtype in column_types):  # one cast, after the stack
+            values = mx.sym.cast(mx.sym.stack(*columns, axis=1), dtype="float64")
+        else:
+            values = mx.sym.stack(*[mx.sym.cast(c, dtype="float64") for c in columns], axis=1)
+        width = len(columns)
     head = mx.sym.BlockGrad(values)
     used = set(head.list_arguments())
     for rows in sorted(set(rows_per_device)):  # a metric may write its shapes into the graph
@@ -104,12 +100,85 @@ def per_row_head(
             _, (shape,), _ = _infer_shapes(head, given)
         except mx.base.MXNetError:
             return None
-        if tuple(shape) != (rows, len(columns)):
+        if tuple(shape) != (rows, width):
             return None
     if running_sums is None:
         return head
     sums = mx.sym.var(running_sums, dtype="float64")  # shaped like the values when bound
     return mx.sym.Group([head, mx.sym.MakeLoss(sums * head)])
+
+
+def _columns(
+    symbol: mx.sym.Symbol,
+    metrics: Sequence[Tuple[str, Metric]],
+    label_names: Sequence[str],
+    shapes: Dict[str, Tuple[int, ...]],
+    types: Dict[str, str],
+    out_shapes: Sequence[Tuple[int, ...]],
+    out_types: Optional[List[str]],
+) -> Optional[List[mx.sym.Symbol]]:
+    """Each device metric's per-row values, from MXNet's operators (None: a label is missing)."""
+    output_names = [output_short_name(n) for n in symbol.list_outputs()]
+    internals = symbol.get_internals()
+    available = set(internals.list_outputs())
+    columns = []
+    for output, metric in metrics:
+        if isinstance(metric, HostMetric):
+            continue
+        label = label_for_output(output, output_names, label_names)
+        if label not in available:
+            return None
+        position = output_names.index(output)
+        per_row = metric.per_row
+        if out_types and out_types[position] == types.get(label) == "float32":
+            per_row = getattr(metric, "float32_per_row", None) or per_row
+        sums, _ = per_row(
+            symbol[position], internals[label], tuple(out_shapes[position]), tuple(shapes[label])
+        )
+        columns.append(sums)
+    return columns
+
+
+def _native_values(
+    symbol: mx.sym.Symbol,
+    metrics: Sequence[Tuple[str, Metric]],
+    label_names: Sequence[str],
+    shapes: Dict[str, Tuple[int, ...]],
+    types: Dict[str, str],
+    out_shapes: Sequence[Tuple[int, ...]],
+    out_types: Optional[List[str]],
+) -> Optional[Tuple[mx.sym.Symbol, int]]:
+    """``(values, columns)`` of the device metrics from mxoid's fused operator (None: not here).
+
+    It applies when every device metric is one it computes (:attr:`DeviceMetric.native`),
+    all of one output of shape ``(rows, classes)`` and a label of shape ``(rows,)``,
+    both float32, and the operator is available (:mod:`mxoid.metrics.native`).
+    """
+    device = [(o, m) for o, m in metrics if not isinstance(m, HostMetric)]
+    natives = [getattr(metric, "native", None) for _, metric in device]
+    outputs = {output for output, _ in device}
+    if not natives or None in natives or len(outputs) != 1:
+        return None
+    output_names = [output_short_name(n) for n in symbol.list_outputs()]
+    (output,) = outputs
+    label = label_for_output(output, output_names, label_names)
+    position = output_names.index(output)
+    pred_shape, label_shape = tuple(out_shapes[position]), tuple(shapes.get(label, ()))
+    if (
+        len(pred_shape) != 2
+        or label_shape != pred_shape[:1]
+        or not out_types
+        or out_types[position] != "float32"
+        or types.get(label) != "float32"
+        or label not in symbol.get_internals().list_outputs()
+    ):
+        return None
+    from . import native  # builds and loads the operator on first use
+
+    if not native.available():
+        return None
+    values = native.metric_rows(symbol[position], symbol.get_internals()[label], natives)
+    return values, len(natives)
 
 
 def _infer_types(symbol: mx.sym.Symbol, types: Dict[str, str]) -> Optional[List[str]]:

@@ -283,7 +283,9 @@ def test_accuracy_of_float32_outputs_takes_fewer_operators_and_counts_every_labe
 
     metrics = [("softmax", m) for m in create_metrics(["acc", "ce"])]
     shapes = {"data": (21, X.shape[1]), "softmax_label": (21,), "reg_label": (21,)}
-    lean = per_row_head(loop.symbol, metrics, ["softmax_label", "reg_label"], shapes, [11, 10])
+    lean = per_row_head(
+        loop.symbol, metrics, ["softmax_label", "reg_label"], shapes, [11, 10], native=False
+    )
     robust = per_row_head(
         loop.symbol,
         metrics,

@@ -1,0 +1,222 @@
+"""mxoid's fused metric operator: built from C++ on first use, the same values as MXNet's.
+
+The metric head computes accuracy and cross-entropy with about ten MXNet operators
+per device and batch; ``mxoid.metrics.native`` builds one operator that computes
+them bit for bit the same, and the head falls back to MXNet's operators wherever
+the operator cannot be built, loaded or applied.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import mxnet as mx
+import numpy as np
+import pytest
+from conftest import TWO_CPUS
+from monitored import LEARNING, dataset
+
+from mxoid import FinishAfter, MainLoop, TrainingMonitoring
+from mxoid.metrics import create_metrics, native
+from mxoid.metrics.device import _accuracy_float32, _negative_log_likelihood
+from mxoid.metrics.head import per_row_head
+
+HAS_COMPILER = bool(os.environ.get("CXX") or shutil.which("c++") or shutil.which("g++"))
+needs_compiler = pytest.mark.skipif(
+    not HAS_COMPILER, reason="no C++ compiler here: the fused operator cannot be built"
+)
+
+
+def _ops(symbol):
+    return [node["op"] for node in json.loads(symbol.tojson())["nodes"] if node["op"] != "null"]
+
+
+def _symbol_values(pred, label, shape, columns):
+    """The per-row values as the head builds them from MXNet's operators (float32 inputs)."""
+    build = {"accuracy": _accuracy_float32, "cross_entropy": _negative_log_likelihood}
+    sums = [build[c](pred, label, shape, shape[:1])[0] for c in columns]
+    return mx.sym.cast(mx.sym.stack(*sums, axis=1), dtype="float64")
+
+
+@needs_compiler
+@pytest.mark.parametrize("columns", [["accuracy", "cross_entropy"], ["cross_entropy", "accuracy"]])
+def test_the_fused_operator_computes_mxnets_values_bit_for_bit(columns):
+    """Scores with ties, zeros, denormals, infinities and NaNs, and labels fractional,
+    negative, out of range, beyond int32, infinite and NaN: every value equal, NaN where
+    MXNet's is NaN."""
+    assert native.available(), native.unavailable_reason()
+    rng = np.random.RandomState(0)
+    rows, classes = 400, 7
+    pred = rng.rand(rows, classes).astype(np.float32)
+    pred[:50] /= pred[:50].sum(axis=1, keepdims=True)
+    special = [0.0, 1.0, 1e-40, 1e-12, np.inf, -np.inf, np.nan, -0.0, 3.4e38, -3.4e38, -5.0]
+    pick = rng.rand(rows, classes) < 0.15
+    pred[pick] = rng.choice(special, size=int(pick.sum()))
+    pred[60:70] = 0.5  # all tied
+    pred[70:75] = -np.inf
+    label = rng.randint(0, classes, rows).astype(np.float32)
+    odd = [0.7, 1.99, 2.5, -0.5, -1.0, 6.0, 7.0, 1e10, -1e10, 3e9, np.nan, np.inf, -np.inf]
+    label[: len(odd) * 10] = np.repeat(odd, 10)
+    p, lab = mx.sym.var("p"), mx.sym.var("lab")
+    fused = native.metric_rows(p, lab, columns)
+    reference = _symbol_values(p, lab, (rows, classes), columns)
+    assert _ops(fused) == ["mxoid_metric_rows"] and len(_ops(reference)) > 8
+    inputs = {"p": mx.nd.array(pred), "lab": mx.nd.array(label)}
+    got, want = (s.bind(mx.cpu(), inputs) for s in (fused, reference))
+    with np.errstate(invalid="ignore"):
+        got, want = (e.forward()[0].asnumpy() for e in (got, want))
+    assert got.dtype == want.dtype == np.float64 and got.shape == (rows, len(columns))
+    np.testing.assert_array_equal(got, want)  # NaN where NaN, bit-equal elsewhere
+    assert np.isnan(want).any() and np.isinf(want).any()  # the specials were exercised
+    assert 0 < want[:, columns.index("accuracy")].mean() < 1
+
+
+@needs_compiler
+def test_the_head_takes_the_fused_operator_only_where_it_computes_the_same_values():
+    assert native.available(), native.unavailable_reason()
+    data = mx.sym.var("data")
+    net = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(data, num_hidden=4), name="softmax")
+    shapes = {"data": (8, 5), "softmax_label": (8,)}
+
+    def head(names, **kwargs):
+        metrics = [("softmax", m) for m in create_metrics(names)]
+        return per_row_head(
+            net, metrics, ["softmax_label"], shapes, [4, 4], "_mxoid_running_sums0", **kwargs
+        )
+
+    fused = _ops(head(["acc", "ce", "nll_loss", "f1"]))  # a host metric is not in the head
+    assert fused.count("mxoid_metric_rows") == 1 and "argmax" not in fused
+    for others in (
+        head(["acc", "top_k_accuracy_2"]),  # a metric it does not compute
+        head(["acc", "ce"], input_types={"softmax_label": "float64"}),  # not float32
+        head(["acc", "ce"], native=False),
+    ):
+        assert "mxoid_metric_rows" not in _ops(others) and "argmax" in _ops(others)
+
+
+@needs_compiler
+@pytest.mark.parametrize("contexts", [1, 2])
+def test_training_records_are_the_same_with_and_without_the_fused_operator(monkeypatch, contexts):
+    """TrainingMonitoring and Evaluate, padded batches included, record the same values
+    whether the head takes the fused operator or MXNet's (the values are bit-equal, the
+    sums add them in the same order)."""
+    X, y = dataset("train", 90)
+    Xv, yv = dataset("valid")
+    records = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(native, "available", lambda: False)
+        data = mx.sym.var("data")
+        fc = mx.sym.FullyConnected(data, num_hidden=3, name="fc")
+        net = mx.sym.SoftmaxOutput(fc, name="softmax")
+        loop = MainLoop(
+            net,
+            mx.io.NDArrayIter(X, y, 20, label_name="softmax_label"),
+            contexts=TWO_CPUS[:contexts],
+            arg_params={
+                "fc_weight": mx.nd.array(np.linspace(-1, 1, 30, dtype=np.float32).reshape(3, 10)),
+                "fc_bias": mx.nd.zeros(3),
+            },
+            optimizer_params=dict(LEARNING),
+            extensions=[
+                TrainingMonitoring(["acc", "ce"], every_n_batches=2),
+                FinishAfter(after_n_epochs=2),
+            ],
+        )
+        if fused:
+            assert "mxoid_metric_rows" in loop.manager._bound_symbol.tojson()
+        else:
+            assert "mxoid_metric_rows" not in loop.manager._bound_symbol.tojson()
+        loop.run()
+        valid = mx.io.NDArrayIter(Xv, yv, 20, label_name="softmax_label", last_batch_handle="pad")
+        scored = loop.score(valid, ["acc", "ce"])
+        trained = {
+            (i, name): value
+            for i in loop.log
+            for name, value in loop.log[i].items()
+            if name.startswith("train_")
+        }
+        records.append((trained, scored))
+    assert records[0] == records[1]
+    assert len(records[0][0]) == 2 * 2 * 3  # acc and ce, at batches 2 and 4 and each epoch end
+    assert set(records[0][1]) == {"valid_accuracy", "valid_cross_entropy"}
+
+
+def _probe(tmp_path, **env):
+    """Run a fresh Python that asks for the operator; return what it reports."""
+    script = textwrap.dedent(
+        """
+        import json, os
+        from mxoid.metrics import native
+        ok = native.available()
+        path = native.library_path()
+        print(json.dumps({"ok": ok, "reason": native.unavailable_reason(),
+                          "path": path, "exists": bool(path and os.path.exists(path))}))
+        """
+    )
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@needs_compiler
+def test_the_library_is_built_once_into_the_cache_and_loaded_from_there(tmp_path):
+    cache = tmp_path / "cache"
+    built = _probe(tmp_path, MXOID_CACHE_DIR=str(cache))
+    assert built["ok"] and built["exists"] and built["path"].startswith(str(cache))
+    assert [p.name for p in cache.iterdir()] == [os.path.basename(built["path"])]  # no leftovers
+    # No compiler now: the library built before is loaded all the same.
+    again = _probe(tmp_path, MXOID_CACHE_DIR=str(cache), CXX="/bin/false")
+    assert again["ok"] and again["path"] == built["path"]
+
+
+def test_without_the_operator_the_reason_is_given_and_nothing_is_built(tmp_path):
+    off = _probe(tmp_path, MXOID_NATIVE="0", MXOID_CACHE_DIR=str(tmp_path / "off"))
+    assert not off["ok"] and off["reason"] == "MXOID_NATIVE=0" and not (tmp_path / "off").exists()
+    broken = _probe(tmp_path, MXOID_CACHE_DIR=str(tmp_path / "broken"), CXX="/bin/false")
+    assert not broken["ok"] and "/bin/false failed (status 1)" in broken["reason"]
+    assert list((tmp_path / "broken").iterdir()) == []  # the partial file is removed
+    missing = _probe(tmp_path, MXOID_CACHE_DIR=str(tmp_path / "m"), CXX=str(tmp_path / "no-cc"))
+    assert not missing["ok"] and "failed to run" in missing["reason"]
+    (tmp_path / "file").write_text("")
+    unwritable = _probe(tmp_path, MXOID_CACHE_DIR=str(tmp_path / "file" / "cache"))
+    assert not unwritable["ok"] and "cannot write to the cache directory" in unwritable["reason"]
+
+
+def test_a_monitored_run_without_the_operator_trains_and_records(tmp_path):
+    """With a compiler that fails, TrainingMonitoring computes its values with MXNet's
+    operators: the run trains and writes its records."""
+    script = textwrap.dedent(
+        """
+        import mxnet as mx, numpy as np
+        from mxoid import MainLoop, FinishAfter, TrainingMonitoring
+        from mxoid.metrics import native
+        X = np.random.RandomState(0).rand(40, 5).astype("float32")
+        y = (X[:, 0] > 0.5).astype("float32")
+        net = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=2),
+                                   name="softmax")
+        it = mx.io.NDArrayIter(X, y, batch_size=10, label_name="softmax_label")
+        loop = MainLoop(net, it, extensions=[TrainingMonitoring(["acc", "ce"]),
+                                             FinishAfter(after_n_epochs=1)])
+        loop.run()
+        assert "mxoid_metric_rows" not in loop.manager._bound_symbol.tojson()
+        print(native.unavailable_reason())
+        print(loop.log.last("train_accuracy"), loop.log.last("train_cross_entropy"))
+        """
+    )
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "CXX": "/bin/false"}
+    env["MXOID_CACHE_DIR"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    reason, values = done.stdout.strip().splitlines()[-2:]
+    assert "failed (status 1)" in reason
+    accuracy, cross_entropy = map(float, values.split())
+    assert 0 <= accuracy <= 1 and cross_entropy > 0
