@@ -237,6 +237,7 @@ class MainLoop:
                 train_data.provide_data,
                 train_data.provide_label,
                 _rows_per_device(train_data, len(self.contexts), work_load_list),
+                self.contexts,
             )
             self._private_heads = {id(extension): i for i, (extension, _) in enumerate(heads)}
             self.manager = DataParallelExecutorManager(

@@ -148,7 +148,10 @@ class Evaluate(MetricsExtension):
         work_load = forward_work_load(batch_size, manager.work_load_list)
         rows = [s.stop - s.start for s in split_batch(batch_size, work_load)]
         types = dtypes_of(list(data) + list(labels or []))
-        head = per_row_head(loop.symbol, bound, label_names, shapes, rows, input_types=types)
+        contexts = manager.contexts[: len(rows)]
+        head = per_row_head(
+            loop.symbol, bound, label_names, shapes, rows, input_types=types, contexts=contexts
+        )
         if head is not None:
             manager = manager.evaluation_manager(data, labels, private_heads=[head])
             return MetricAccumulator(manager, bound, manager.private_outputs[0])

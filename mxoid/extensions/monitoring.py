@@ -97,6 +97,7 @@ class TrainingMonitoring(MetricsExtension):
         rows_per_device: Sequence[int],
         running_sums: Optional[str] = None,
         input_types: Optional[Dict[str, Any]] = None,
+        contexts: Optional[Sequence[mx.Context]] = None,
     ) -> Optional[mx.sym.Symbol]:
         """Return the head that computes this extension's per-row values in the training graph.
 
@@ -104,9 +105,9 @@ class TrainingMonitoring(MetricsExtension):
         :func:`mxoid.metrics.per_row_head`), with ``running_sums`` the name of
         the head's argument whose gradient the backward passes add the values
         to, and ``input_types`` the inputs' dtypes (the head takes fewer
-        operators where it can tell they are float32); None when no head can be
-        built here (no device metric, or metrics the outputs do not fit:
-        attaching then says why).
+        operators where it can tell they are float32), and ``contexts`` the
+        devices it runs on; None when no head can be built here (no device
+        metric, or metrics the outputs do not fit: attaching then says why).
         """
         output_names = [output_short_name(n) for n in symbol.list_outputs()]
         try:
@@ -115,7 +116,14 @@ class TrainingMonitoring(MetricsExtension):
             return None
         self._running_sums = running_sums
         return per_row_head(
-            symbol, bound, label_names, input_shapes, rows_per_device, running_sums, input_types
+            symbol,
+            bound,
+            label_names,
+            input_shapes,
+            rows_per_device,
+            running_sums,
+            input_types,
+            contexts=contexts,
         )
 
     def after_batch(self, batch: Any) -> None:
@@ -146,12 +154,13 @@ def private_heads(
     data_descs: Sequence[Any],
     label_descs: Optional[Sequence[Any]],
     rows_per_device: Sequence[int],
+    contexts: Optional[Sequence[mx.Context]] = None,
 ) -> List[Tuple[Extension, mx.sym.Symbol]]:
     """Return the private heads the training executors compute for these extensions.
 
     One per :class:`TrainingMonitoring` whose metrics can be computed in the
     training graph, with the extension it serves. ``rows_per_device``: how the
-    training batch is split.
+    training batch is split; ``contexts``: the devices (None: one CPU).
     """
     if not rows_per_device:
         return []
@@ -163,7 +172,13 @@ def private_heads(
         if isinstance(extension, TrainingMonitoring):
             running_sums = f"{RUNNING_SUMS_PREFIX}{len(heads)}"
             head = extension.private_head(
-                symbol, label_names, shapes, rows_per_device, running_sums, dtypes_of(descs)
+                symbol,
+                label_names,
+                shapes,
+                rows_per_device,
+                running_sums,
+                dtypes_of(descs),
+                contexts,
             )
             if head is not None:
                 heads.append((extension, head))

@@ -29,6 +29,7 @@ def per_row_head(
     running_sums: Optional[str] = None,
     input_types: Optional[Dict[str, Any]] = None,
     native: bool = True,
+    contexts: Optional[Sequence[mx.Context]] = None,
 ) -> Optional[mx.sym.Symbol]:
     """Return a head computing the device metrics' per-row values in the symbol's own graph.
 
@@ -60,8 +61,9 @@ def per_row_head(
     with ``native`` (the default): where every device metric is accuracy or
     cross-entropy (or NLL) of one float32 output of shape ``(rows, classes)``
     with float32 labels of shape ``(rows,)``, one operator of mxoid's computes
-    all the values, the same bit for bit, when it can be built here
-    (:mod:`mxoid.metrics.native`).
+    all the values, the same bit for bit, when it can be built here and suits
+    the ``contexts`` the head will run on (None: one CPU; see
+    :mod:`mxoid.metrics.native`).
     """
 
     def device_shapes(rows: int) -> Dict[str, Tuple[int, ...]]:
@@ -76,7 +78,9 @@ def per_row_head(
         return None
     fused = None
     if native:
-        fused = _native_values(symbol, metrics, label_names, shapes, types, out_shapes, out_types)
+        fused = _native_values(
+            symbol, metrics, label_names, shapes, types, out_shapes, out_types, contexts
+        )
     if fused is not None:
         values, width = fused
     else:
@@ -147,12 +151,14 @@ def _native_values(
     types: Dict[str, str],
     out_shapes: Sequence[Tuple[int, ...]],
     out_types: Optional[List[str]],
+    contexts: Optional[Sequence[mx.Context]],
 ) -> Optional[Tuple[mx.sym.Symbol, int]]:
     """``(values, columns)`` of the device metrics from mxoid's fused operator (None: not here).
 
     It applies when every device metric is one it computes (:attr:`DeviceMetric.native`),
     all of one output of shape ``(rows, classes)`` and a label of shape ``(rows,)``,
-    both float32, and the operator is available (:mod:`mxoid.metrics.native`).
+    both float32, and the operator is available and suits the contexts
+    (:mod:`mxoid.metrics.native`).
     """
     device = [(o, m) for o, m in metrics if not isinstance(m, HostMetric)]
     natives = [getattr(metric, "native", None) for _, metric in device]
@@ -175,7 +181,7 @@ def _native_values(
         return None
     from . import native  # builds and loads the operator on first use
 
-    if not native.available():
+    if not (native.suits(contexts) and native.available()):
         return None
     values = native.metric_rows(symbol[position], symbol.get_internals()[label], natives)
     return values, len(natives)

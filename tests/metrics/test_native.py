@@ -105,6 +105,9 @@ def test_training_records_are_the_same_with_and_without_the_fused_operator(monke
     sums add them in the same order)."""
     X, y = dataset("train", 90)
     Xv, yv = dataset("valid")
+    # On two CPU contexts the operator serves only where MXNet was told to give each its
+    # own random generator; said here, the operator serves (at the shared generator's pace).
+    monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", str(contexts))
     records = []
     for fused in (True, False):
         if not fused:
@@ -143,6 +146,41 @@ def test_training_records_are_the_same_with_and_without_the_fused_operator(monke
     assert records[0] == records[1]
     assert len(records[0][0]) == 2 * 2 * 3  # acc and ce, at batches 2 and 4 and each epoch end
     assert set(records[0][1]) == {"valid_accuracy", "valid_cross_entropy"}
+
+
+def test_the_operator_serves_one_cpu_or_cpus_with_random_generators_of_their_own(monkeypatch):
+    """MXNet gives a library's operators a parallel random generator, one for all CPU
+    devices unless MXNET_CPU_PARALLEL_RAND_COPY says more: executors on two CPUs would
+    wait for each other. The operator has no GPU code."""
+    monkeypatch.delenv("MXNET_CPU_PARALLEL_RAND_COPY", raising=False)
+    assert native.suits(None) and native.suits([mx.cpu(0)])
+    assert not native.suits([mx.cpu(0), mx.cpu(1)])
+    assert not native.suits([mx.gpu(0)]) and not native.suits([mx.cpu(0), mx.gpu(0)])
+    monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", "2")
+    assert native.suits([mx.cpu(0), mx.cpu(1)])
+    assert not native.suits([mx.cpu(i) for i in range(3)])
+    monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", "two")
+    assert not native.suits([mx.cpu(0), mx.cpu(1)])
+
+
+@needs_compiler
+def test_on_two_cpus_by_default_the_head_takes_mxnets_operators(monkeypatch):
+    monkeypatch.delenv("MXNET_CPU_PARALLEL_RAND_COPY", raising=False)
+    X, y = dataset("train", 40)
+    loops = [
+        MainLoop(
+            mx.sym.SoftmaxOutput(
+                mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3), name="softmax"
+            ),
+            mx.io.NDArrayIter(X, y, 20, label_name="softmax_label"),
+            contexts=TWO_CPUS[:n],
+            extensions=[TrainingMonitoring(["acc", "ce"]), FinishAfter(after_n_epochs=1)],
+        )
+        for n in (1, 2)
+    ]
+    one, two = (loop.manager._bound_symbol.tojson() for loop in loops)
+    assert "mxoid_metric_rows" in one and "mxoid_metric_rows" not in two
+    assert native.available()
 
 
 def _probe(tmp_path, **env):

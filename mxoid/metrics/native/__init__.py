@@ -39,7 +39,14 @@ from typing import List, Optional, Sequence
 
 import mxnet as mx
 
-__all__ = ["OP_NAME", "available", "library_path", "metric_rows", "unavailable_reason"]
+__all__ = [
+    "OP_NAME",
+    "available",
+    "library_path",
+    "metric_rows",
+    "suits",
+    "unavailable_reason",
+]
 
 OP_NAME = "mxoid_metric_rows"
 """The operator's name in MXNet, once loaded."""
@@ -76,6 +83,30 @@ def available() -> bool:
                     error,
                 )
     return "path" in _state
+
+
+def suits(contexts: Optional[Sequence[mx.Context]] = None) -> bool:
+    """Return True where the operator may serve executors on ``contexts`` (None: one CPU).
+
+    It runs on CPUs only. And MXNet gives every operator loaded from a library
+    a parallel random generator, which on the CPU all devices share unless
+    ``MXNET_CPU_PARALLEL_RAND_COPY`` (read when MXNet starts; 1 by default)
+    gives them copies of their own: on several CPU contexts, executors holding
+    the operator would wait for each other's forward passes (measured: a
+    fused head on two CPU contexts cost 96 us a batch, MXNet's operators 24;
+    with two copies, 14). So on several contexts it serves only where that
+    variable gives each context a copy.
+    """
+    contexts = list(contexts or [mx.cpu()])
+    if any(context.device_type != "cpu" for context in contexts):
+        return False
+    if len(contexts) == 1:
+        return True
+    try:
+        copies = int(os.environ.get("MXNET_CPU_PARALLEL_RAND_COPY", "1"))
+    except ValueError:
+        return False
+    return copies >= len(contexts)
 
 
 def unavailable_reason() -> Optional[str]:
