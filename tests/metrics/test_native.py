@@ -205,13 +205,31 @@ def _probe(tmp_path, **env):
 
 @needs_compiler
 def test_the_library_is_built_once_into_the_cache_and_loaded_from_there(tmp_path):
-    cache = tmp_path / "cache"
-    built = _probe(tmp_path, MXOID_CACHE_DIR=str(cache))
-    assert built["ok"] and built["exists"] and built["path"].startswith(str(cache))
+    """Built into ~/.cache/mxoid; $XDG_CACHE_HOME/mxoid and MXOID_CACHE_DIR name the same
+    place here, where the library built before is loaded, with no compiler to build it."""
+    home = tmp_path / "home"
+    clean = {"HOME": str(home), "XDG_CACHE_HOME": "", "MXOID_CACHE_DIR": ""}
+    built = _probe(tmp_path, **clean)
+    cache = home / ".cache" / "mxoid"
+    assert built["ok"] and built["exists"] and built["path"].startswith(str(cache) + os.sep)
     assert [p.name for p in cache.iterdir()] == [os.path.basename(built["path"])]  # no leftovers
-    # No compiler now: the library built before is loaded all the same.
-    again = _probe(tmp_path, MXOID_CACHE_DIR=str(cache), CXX="/bin/false")
-    assert again["ok"] and again["path"] == built["path"]
+    for where in ({"XDG_CACHE_HOME": str(home / ".cache")}, {"MXOID_CACHE_DIR": str(cache)}):
+        again = _probe(tmp_path, **{**clean, "HOME": str(tmp_path / "elsewhere"), **where})
+        assert again["ok"] and again["path"] == built["path"]
+    no_compiler = _probe(tmp_path, **clean, CXX="/bin/false")
+    assert no_compiler["ok"] and no_compiler["path"] == built["path"]
+    # A build killed long ago left its partial file: the next build removes it.
+    abandoned = cache / ".building-killed.so"
+    abandoned.write_bytes(b"half")
+    os.utime(abandoned, (0, 0))
+    with open(built["path"], "r+b") as f:  # a damaged library: reported, and not used
+        f.truncate(100)
+    damaged = _probe(tmp_path, **clean, CXX="/bin/false")
+    assert not damaged["ok"] and "could not load" in damaged["reason"]
+    assert "delete it to build it again" in damaged["reason"]
+    os.unlink(built["path"])
+    rebuilt = _probe(tmp_path, **clean)
+    assert rebuilt["ok"] and rebuilt["path"] == built["path"] and not abandoned.exists()
 
 
 def test_without_the_operator_the_reason_is_given_and_nothing_is_built(tmp_path):

@@ -35,6 +35,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from typing import List, Optional, Sequence
 
 import mxnet as mx
@@ -143,7 +144,10 @@ def _load() -> str:
     try:
         mx.library.load(path, verbose=False)
     except Exception as error:  # a library MXNet refuses: say so, compute without it
-        raise _Unavailable(f"MXNet could not load {path}: {error}") from None
+        first = str(error).strip().splitlines()[:1]
+        raise _Unavailable(
+            f"MXNet could not load {path} (delete it to build it again): {' '.join(first)}"
+        ) from None
     if not hasattr(mx.sym, OP_NAME):
         raise _Unavailable(f"{path} loaded, but MXNet has no operator {OP_NAME}")
     return path
@@ -189,6 +193,7 @@ def _build() -> str:
     compiler = _compiler()
     try:
         os.makedirs(directory, exist_ok=True)
+        _remove_abandoned(directory)
         # Built under a name of its own, then renamed: processes that build at the same
         # time each rename a whole library, and none loads a half-written one.
         handle, partial = tempfile.mkstemp(suffix=".so", prefix=".building-", dir=directory)
@@ -213,3 +218,16 @@ def _build() -> str:
         if os.path.exists(partial):
             os.unlink(partial)
     return target
+
+
+def _remove_abandoned(directory: str) -> None:
+    """Remove partial libraries of builds that were killed (older than two build timeouts)."""
+    now = time.time()
+    for name in os.listdir(directory):
+        if name.startswith(".building-"):
+            path = os.path.join(directory, name)
+            try:
+                if now - os.path.getmtime(path) > 2 * BUILD_TIMEOUT:
+                    os.unlink(path)
+            except OSError:  # another process removed or renamed it
+                pass

@@ -1,0 +1,168 @@
+"""What TrainingMonitoring's metric head costs the engine: MXNet's operators against the fused one.
+
+The MLP 784-128-64-10 of ``run.py`` is bound with ``simple_bind``, one executor
+per context (each batch split in halves on two), three ways: without a head;
+with the head of accuracy and cross-entropy that TrainingMonitoring binds
+(:func:`mxoid.metrics.per_row_head` with running sums) built from MXNet's
+operators (``native=False``); and built on mxoid's fused operator
+(``mxoid.metrics.native``; on two contexts too, whatever
+``MXNET_CPU_PARALLEL_RAND_COPY`` says, to show what it costs there). A
+measurement is ``steps`` forward and backward passes of every executor, then
+``mx.nd.waitall()``: the wall time per batch, the engine doing all of the work.
+The variants alternate in order, round after round; the table has the median
+per batch and the median over the rounds of each head's difference to the
+variant without one in the same round.
+
+Usage::
+
+    python benchmarks/head.py            # full: about 1.5 minutes
+    python benchmarks/head.py --quick    # about 15 s
+    python benchmarks/head.py --check    # correctness only, a few seconds
+
+``--check`` asserts that both heads give the same values, bit for bit, and
+the same running sums. The exit status is 1 when they do not, or when the fused
+operator cannot be built here; speed never changes it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Dict, List, Optional, Sequence
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.dirname(HERE), HERE]
+
+import standalone  # noqa: E402, I001  (first: the thread settings, before MXNet is imported)
+
+import contenders  # noqa: E402
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from mxoid.metrics import create_metrics, native, per_row_head  # noqa: E402
+
+NAME = "head"
+SUMS = "_mxoid_running_sums0"
+SIZES = {
+    "full": {"batches": (32, 128), "contexts": (1, 2), "steps": 500, "rounds": 30},
+    "quick": {"batches": (32, 128), "contexts": (1, 2), "steps": 200, "rounds": 10},
+    "check": {"batches": (32,), "contexts": (1, 2), "steps": 3, "rounds": 2},
+}
+
+
+def bind(symbol: mx.sym.Symbol, batch: int, contexts: int, head: Optional[mx.sym.Symbol]):
+    """One executor per context on its share of the batch, the MLP's parameters set."""
+    rows = batch // contexts
+    net = mx.sym.Group([symbol, head]) if head is not None else symbol
+    names = contenders.param_names(symbol)
+    init = contenders.initial_params("mlp")
+    X, y = contenders.make_data("mlp", batch)
+    executors = []
+    for k, context in enumerate(contenders.contexts(contexts)):
+        grad_req = {n: "write" if n in names else "null" for n in net.list_arguments()}
+        if head is not None:
+            grad_req[SUMS] = "add"
+        executor = net.simple_bind(
+            context, grad_req=grad_req, data=(rows, 784), softmax_label=(rows,)
+        )
+        for name in names:
+            executor.arg_dict[name][:] = init[name]
+        executor.arg_dict["data"][:] = X[k * rows : (k + 1) * rows]
+        executor.arg_dict["softmax_label"][:] = y[k * rows : (k + 1) * rows]
+        if head is not None:
+            executor.grad_dict[SUMS][:] = 0
+        executors.append(executor)
+    return executors
+
+
+def variants(batch: int, contexts: int) -> Dict[str, list]:
+    symbol = contenders.build_symbol("mlp")
+    metrics = [("softmax", m) for m in create_metrics(["acc", "ce"])]
+    rows = batch // contexts
+    shapes = {"data": (rows, 784), "softmax_label": (rows,)}
+
+    def head(fused: bool) -> mx.sym.Symbol:
+        built = per_row_head(symbol, metrics, ["softmax_label"], shapes, [rows], SUMS, native=fused)
+        assert ("mxoid_metric_rows" in built.tojson()) == fused
+        return built
+
+    return {
+        "no head": bind(symbol, batch, contexts, None),
+        "MXNet's operators": bind(symbol, batch, contexts, head(False)),
+        "fused operator": bind(symbol, batch, contexts, head(True)),
+    }
+
+
+def passes(executors: list, steps: int) -> float:
+    """Seconds per batch of ``steps`` forward and backward passes of every executor."""
+    mx.nd.waitall()
+    start = time.perf_counter()
+    for _ in range(steps):
+        for executor in executors:
+            executor.forward(is_train=True)
+        for executor in executors:
+            executor.backward()
+    mx.nd.waitall()
+    return (time.perf_counter() - start) / steps
+
+
+def check(batch: int, contexts: int, built: Dict[str, list]) -> List[str]:
+    """The two heads' values and running sums, compared bit for bit after the same passes."""
+    failures = []
+    for name in ("MXNet's operators", "fused operator"):
+        passes(built[name], 2)
+    for k in range(contexts):
+        ours, theirs = built["fused operator"][k], built["MXNet's operators"][k]
+        for what, a, b in (
+            ("values", ours.outputs[1], theirs.outputs[1]),
+            ("running sums", ours.grad_dict[SUMS], theirs.grad_dict[SUMS]),
+        ):
+            if not np.array_equal(a.asnumpy(), b.asnumpy()):
+                failures.append(f"b{batch} {contexts} ctx, device {k}: the heads' {what} differ")
+    return failures
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = standalone.argument_parser(__doc__, NAME)
+    args = parser.parse_args(argv)
+    mode = standalone.mode_of(args)
+    size = SIZES[mode]
+    load = standalone.OtherLoad()
+    if not native.available():
+        print(f"the fused operator is unavailable: {native.unavailable_reason()}")
+        return standalone.finish(NAME, args, load, size, [], ["no fused operator"])
+    results, failures = [], []
+    for batch in size["batches"]:
+        for contexts in size["contexts"]:
+            built = variants(batch, contexts)
+            failures += check(batch, contexts, built)
+            times: Dict[str, List[float]] = {name: [] for name in built}
+            for round_index in range(size["rounds"]):
+                order = list(built) if round_index % 2 else list(built)[::-1]
+                for name in order:
+                    times[name].append(passes(built[name], size["steps"]))
+            bare = np.asarray(times["no head"])
+            for name, seconds in times.items():
+                seconds = np.asarray(seconds)
+                entry = {
+                    "batch": batch,
+                    "contexts": contexts,
+                    "variant": name,
+                    "us_per_batch": 1e6 * float(np.median(seconds)),
+                    "head_us_per_batch": 1e6 * float(np.median(seconds - bare)),
+                }
+                results.append(entry)
+                print(
+                    f"MLP b{batch} {contexts} ctx  {name:<18} {entry['us_per_batch']:8.1f} us/batch"
+                    f"  head {entry['head_us_per_batch']:+7.1f}"
+                )
+    settings = {
+        **size,
+        "MXNET_CPU_PARALLEL_RAND_COPY": os.environ.get("MXNET_CPU_PARALLEL_RAND_COPY", "1"),
+    }
+    return standalone.finish(NAME, args, load, settings, results, failures)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
