@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import mxnet as mx
 import numpy as np
@@ -76,16 +76,13 @@ def per_row_head(
         _, out_shapes, _ = _infer_shapes(symbol, shapes)
     except mx.base.MXNetError:
         return None
-    fused = None
-    if native:
-        fused = _native_values(
-            symbol, metrics, label_names, shapes, types, out_shapes, out_types, contexts
-        )
+    graph = _Graph(symbol, label_names, shapes, types, out_shapes, out_types)
+    fused = _native_values(graph, metrics, contexts) if native else None
     if fused is not None:
         values, width = fused
     else:
         try:
-            columns = _columns(symbol, metrics, label_names, shapes, types, out_shapes, out_types)
+            columns = _columns(graph, metrics)
         except (ValueError, KeyError, mx.base.MXNetError):
             return None
         if not columns:
@@ -112,16 +109,20 @@ def per_row_head(
     return mx.sym.Group([head, mx.sym.MakeLoss(sums * head)])
 
 
-def _columns(
-    symbol: mx.sym.Symbol,
-    metrics: Sequence[Tuple[str, Metric]],
-    label_names: Sequence[str],
-    shapes: Dict[str, Tuple[int, ...]],
-    types: Dict[str, str],
-    out_shapes: Sequence[Tuple[int, ...]],
-    out_types: Optional[List[str]],
-) -> Optional[List[mx.sym.Symbol]]:
+class _Graph(NamedTuple):
+    """The symbol, and what :func:`per_row_head` worked out for one device's inputs."""
+
+    symbol: mx.sym.Symbol
+    label_names: Sequence[str]
+    shapes: Dict[str, Tuple[int, ...]]  # the inputs'
+    types: Dict[str, str]  # the inputs' dtype names
+    out_shapes: Sequence[Tuple[int, ...]]
+    out_types: Optional[List[str]]  # None where they cannot be told
+
+
+def _columns(graph: _Graph, metrics: Sequence[Tuple[str, Metric]]) -> Optional[List[mx.sym.Symbol]]:
     """Each device metric's per-row values, from MXNet's operators (None: a label is missing)."""
+    symbol, label_names, shapes, types, out_shapes, out_types = graph
     output_names = [output_short_name(n) for n in symbol.list_outputs()]
     internals = symbol.get_internals()
     available = set(internals.list_outputs())
@@ -144,13 +145,8 @@ def _columns(
 
 
 def _native_values(
-    symbol: mx.sym.Symbol,
+    graph: _Graph,
     metrics: Sequence[Tuple[str, Metric]],
-    label_names: Sequence[str],
-    shapes: Dict[str, Tuple[int, ...]],
-    types: Dict[str, str],
-    out_shapes: Sequence[Tuple[int, ...]],
-    out_types: Optional[List[str]],
     contexts: Optional[Sequence[mx.Context]],
 ) -> Optional[Tuple[mx.sym.Symbol, int]]:
     """``(values, columns)`` of the device metrics from mxoid's fused operator (None: not here).
@@ -160,6 +156,7 @@ def _native_values(
     both float32, and the operator is available and suits the contexts
     (:mod:`mxoid.metrics.native`).
     """
+    symbol, label_names, shapes, types, out_shapes, out_types = graph
     device = [(o, m) for o, m in metrics if not isinstance(m, HostMetric)]
     natives = [getattr(metric, "native", None) for _, metric in device]
     outputs = {output for output, _ in device}
