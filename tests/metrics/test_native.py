@@ -183,24 +183,51 @@ def test_on_two_cpus_by_default_the_head_takes_mxnets_operators(monkeypatch):
     assert native.available()
 
 
+PROBE = textwrap.dedent(
+    """
+    import json, os
+    from mxoid.metrics import native
+    ok = native.available()
+    path = native.library_path()
+    print(json.dumps({"ok": ok, "reason": native.unavailable_reason(),
+                      "path": path, "exists": bool(path and os.path.exists(path))}))
+    """
+)
+
+
+def _start_probe(**env):
+    """Start a fresh Python that asks for the operator (see :func:`_probe_result`)."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    return subprocess.Popen(
+        [sys.executable, "-c", PROBE],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environment,
+    )
+
+
+def _probe_result(process):
+    stdout, stderr = process.communicate(timeout=600)
+    assert process.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
 def _probe(tmp_path, **env):
     """Run a fresh Python that asks for the operator; return what it reports."""
-    script = textwrap.dedent(
-        """
-        import json, os
-        from mxoid.metrics import native
-        ok = native.available()
-        path = native.library_path()
-        print(json.dumps({"ok": ok, "reason": native.unavailable_reason(),
-                          "path": path, "exists": bool(path and os.path.exists(path))}))
-        """
-    )
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return _probe_result(_start_probe(**env))
+
+
+@needs_compiler
+def test_processes_that_build_at_the_same_time_each_load_a_whole_library(tmp_path):
+    """Each builds under a name of its own and renames it into place: none loads a
+    half-written file, and the cache ends with one library and no partial files."""
+    cache = tmp_path / "cache"
+    probes = [_start_probe(MXOID_CACHE_DIR=str(cache)) for _ in range(3)]
+    results = [_probe_result(p) for p in probes]
+    assert all(r["ok"] for r in results), results
+    assert len({r["path"] for r in results}) == 1
+    assert [p.name for p in cache.iterdir()] == [os.path.basename(results[0]["path"])]
 
 
 @needs_compiler

@@ -201,6 +201,7 @@ def _build() -> str:
     except OSError as error:
         raise _Unavailable(f"cannot write to the cache directory {directory}: {error}") from None
     command = [*compiler, *flags, "-I", include, _SOURCE, lib_api, "-o", partial]
+    _logger.info("building mxoid's fused metric operator (once) into %s", target)
     try:
         try:
             done = subprocess.run(
