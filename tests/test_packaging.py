@@ -42,6 +42,7 @@ def test_the_wheel_holds_the_package_the_start_up_file_and_the_license(dist):
     assert wheel.name == f"mxoid-{mxoid.__version__}-py3-none-any.whl"
     names = zipfile.ZipFile(wheel).namelist()
     assert "mxoid-mxnet-compat.pth" in names and "mxoid/py.typed" in names
+    assert "mxoid/metrics/native/metric_rows.cc" in names  # built on first use
     assert f"mxoid-{mxoid.__version__}.dist-info/licenses/LICENSE" in names
     assert not [n for n in names if n.startswith("tests/")]
     metadata = zipfile.ZipFile(wheel).read(f"mxoid-{mxoid.__version__}.dist-info/METADATA").decode()
