@@ -93,10 +93,11 @@ def suits(contexts: Optional[Sequence[mx.Context]] = None) -> bool:
     a parallel random generator, which on the CPU all devices share unless
     ``MXNET_CPU_PARALLEL_RAND_COPY`` (read when MXNet starts; 1 by default)
     gives them copies of their own: on several CPU contexts, executors holding
-    the operator would wait for each other's forward passes (measured: a
-    fused head on two CPU contexts cost 96 us a batch, MXNet's operators 24;
-    with two copies, 14). So on several contexts it serves only where that
-    variable gives each context a copy.
+    the operator would wait for each other's forward passes
+    (``benchmarks/head.py``, batch 128 on two CPU contexts: the fused head cost
+    42 us a batch, MXNet's operators 22; with two copies, 17). So on several
+    contexts it serves only where that variable gives each context a copy, as
+    MXNet read it when it started.
     """
     contexts = list(contexts or [mx.cpu()])
     if any(context.device_type != "cpu" for context in contexts):
