@@ -12,7 +12,7 @@ library in a cache directory, and loads it from there afterwards.
 
 Without a compiler, or when building or loading fails, :func:`available`
 returns False, :func:`unavailable_reason` says why, and the metric head uses
-MXNet's own operators (the same values; about 10 us more per batch and device
+MXNet's own operators (the same values; 2-7 us more per batch and device
 on a CPU).
 
 Environment:
