@@ -213,7 +213,7 @@ def _probe_result(process):
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def _probe(tmp_path, **env):
+def _probe(**env):
     """Run a fresh Python that asks for the operator; return what it reports."""
     return _probe_result(_start_probe(**env))
 
@@ -236,14 +236,14 @@ def test_the_library_is_built_once_into_the_cache_and_loaded_from_there(tmp_path
     place here, where the library built before is loaded, with no compiler to build it."""
     home = tmp_path / "home"
     clean = {"HOME": str(home), "XDG_CACHE_HOME": "", "MXOID_CACHE_DIR": ""}
-    built = _probe(tmp_path, **clean)
+    built = _probe(**clean)
     cache = home / ".cache" / "mxoid"
     assert built["ok"] and built["exists"] and built["path"].startswith(str(cache) + os.sep)
     assert [p.name for p in cache.iterdir()] == [os.path.basename(built["path"])]  # no leftovers
     for where in ({"XDG_CACHE_HOME": str(home / ".cache")}, {"MXOID_CACHE_DIR": str(cache)}):
-        again = _probe(tmp_path, **{**clean, "HOME": str(tmp_path / "elsewhere"), **where})
+        again = _probe(**{**clean, "HOME": str(tmp_path / "elsewhere"), **where})
         assert again["ok"] and again["path"] == built["path"]
-    no_compiler = _probe(tmp_path, **clean, CXX="/bin/false")
+    no_compiler = _probe(**clean, CXX="/bin/false")
     assert no_compiler["ok"] and no_compiler["path"] == built["path"]
     # A build killed long ago left its partial file: the next build removes it.
     abandoned = cache / ".building-killed.so"
@@ -251,24 +251,24 @@ def test_the_library_is_built_once_into_the_cache_and_loaded_from_there(tmp_path
     os.utime(abandoned, (0, 0))
     with open(built["path"], "r+b") as f:  # a damaged library: reported, and not used
         f.truncate(100)
-    damaged = _probe(tmp_path, **clean, CXX="/bin/false")
+    damaged = _probe(**clean, CXX="/bin/false")
     assert not damaged["ok"] and "could not load" in damaged["reason"]
     assert "delete it to build it again" in damaged["reason"]
     os.unlink(built["path"])
-    rebuilt = _probe(tmp_path, **clean)
+    rebuilt = _probe(**clean)
     assert rebuilt["ok"] and rebuilt["path"] == built["path"] and not abandoned.exists()
 
 
 def test_without_the_operator_the_reason_is_given_and_nothing_is_built(tmp_path):
-    off = _probe(tmp_path, MXOID_NATIVE="0", MXOID_CACHE_DIR=str(tmp_path / "off"))
+    off = _probe(MXOID_NATIVE="0", MXOID_CACHE_DIR=str(tmp_path / "off"))
     assert not off["ok"] and off["reason"] == "MXOID_NATIVE=0" and not (tmp_path / "off").exists()
-    broken = _probe(tmp_path, MXOID_CACHE_DIR=str(tmp_path / "broken"), CXX="/bin/false")
+    broken = _probe(MXOID_CACHE_DIR=str(tmp_path / "broken"), CXX="/bin/false")
     assert not broken["ok"] and "/bin/false failed (status 1)" in broken["reason"]
     assert list((tmp_path / "broken").iterdir()) == []  # the partial file is removed
-    missing = _probe(tmp_path, MXOID_CACHE_DIR=str(tmp_path / "m"), CXX=str(tmp_path / "no-cc"))
+    missing = _probe(MXOID_CACHE_DIR=str(tmp_path / "m"), CXX=str(tmp_path / "no-cc"))
     assert not missing["ok"] and "failed to run" in missing["reason"]
     (tmp_path / "file").write_text("")
-    unwritable = _probe(tmp_path, MXOID_CACHE_DIR=str(tmp_path / "file" / "cache"))
+    unwritable = _probe(MXOID_CACHE_DIR=str(tmp_path / "file" / "cache"))
     assert not unwritable["ok"] and "cannot write to the cache directory" in unwritable["reason"]
 
 
