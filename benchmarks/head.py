@@ -4,8 +4,10 @@ The MLP 784-128-64-10 of ``run.py`` is bound with ``simple_bind``, one executor
 per context (each batch split in halves on two), three ways: without a head;
 with the head of accuracy and cross-entropy that TrainingMonitoring binds
 (:func:`mxoid.metrics.per_row_head` with running sums) built from MXNet's
-operators (``native=False``); and built on mxoid's fused operator
-(``mxoid.metrics.native``; on two contexts too, whatever
+operators (``native=False``: the values, and the backward pass adds them to the
+sums); and built on mxoid's fused operator (``mxoid.metrics.native``: one operator
+computes the values and adds them to the sums in the forward pass; on two contexts
+too, whatever
 ``MXNET_CPU_PARALLEL_RAND_COPY`` says, to show what it costs there). A
 measurement is ``steps`` forward and backward passes of every executor, then
 ``mx.nd.waitall()``: the wall time per batch, the engine doing all of the work.
@@ -40,10 +42,12 @@ import contenders  # noqa: E402
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from mxoid.executor_manager import COUNTING_SUFFIX  # noqa: E402
 from mxoid.metrics import create_metrics, native, per_row_head  # noqa: E402
 
 NAME = "head"
 SUMS = "_mxoid_running_sums0"
+COUNTING = SUMS + COUNTING_SUFFIX
 SIZES = {
     "full": {"batches": (32, 128), "contexts": (1, 2), "steps": 500, "rounds": 30},
     "quick": {"batches": (32, 128), "contexts": (1, 2), "steps": 200, "rounds": 10},
@@ -61,7 +65,7 @@ def bind(symbol: mx.sym.Symbol, batch: int, contexts: int, head: Optional[mx.sym
     executors = []
     for k, context in enumerate(contenders.contexts(contexts)):
         grad_req = {n: "write" if n in names else "null" for n in net.list_arguments()}
-        if head is not None:
+        if SUMS in grad_req:  # MXNet's operators: the backward pass adds to its gradient
             grad_req[SUMS] = "add"
         executor = net.simple_bind(
             context, grad_req=grad_req, data=(rows, 784), softmax_label=(rows,)
@@ -71,9 +75,16 @@ def bind(symbol: mx.sym.Symbol, batch: int, contexts: int, head: Optional[mx.sym
         executor.arg_dict["data"][:] = X[k * rows : (k + 1) * rows]
         executor.arg_dict["softmax_label"][:] = y[k * rows : (k + 1) * rows]
         if head is not None:
-            executor.grad_dict[SUMS][:] = 0
+            running_sums(executor)[:] = 0
+        if COUNTING in executor.arg_dict:  # the fused operator adds while this is 1
+            executor.arg_dict[COUNTING][:] = 1
         executors.append(executor)
     return executors
+
+
+def running_sums(executor: mx.executor.Executor) -> mx.nd.NDArray:
+    """The head's running sums: the fused operator's auxiliary state, or a gradient."""
+    return executor.aux_dict[SUMS] if SUMS in executor.aux_dict else executor.grad_dict[SUMS]
 
 
 def variants(batch: int, contexts: int) -> Dict[str, list]:
@@ -84,7 +95,7 @@ def variants(batch: int, contexts: int) -> Dict[str, list]:
 
     def head(fused: bool) -> mx.sym.Symbol:
         built = per_row_head(symbol, metrics, ["softmax_label"], shapes, [rows], SUMS, native=fused)
-        assert ("mxoid_metric_rows" in built.tojson()) == fused
+        assert ("mxoid_metric_sums" in built.tojson()) == fused
         return built
 
     return {
@@ -116,7 +127,7 @@ def check(batch: int, contexts: int, built: Dict[str, list]) -> List[str]:
         ours, theirs = built["fused operator"][k], built["MXNet's operators"][k]
         for what, a, b in (
             ("values", ours.outputs[1], theirs.outputs[1]),
-            ("running sums", ours.grad_dict[SUMS], theirs.grad_dict[SUMS]),
+            ("running sums", running_sums(ours), running_sums(theirs)),
         ):
             if not np.array_equal(a.asnumpy(), b.asnumpy()):
                 failures.append(f"b{batch} {contexts} ctx, device {k}: the heads' {what} differ")

@@ -12,6 +12,7 @@ from .errors import clean_mxnet_message
 from .invoke import PreparedCopy, backward_pass, forward_pass
 
 __all__ = [
+    "COUNTING_SUFFIX",
     "RUNNING_SUMS_PREFIX",
     "DataParallelExecutorManager",
     "OutputArrays",
@@ -26,8 +27,13 @@ ArrayLike = Union[mx.nd.NDArray, np.ndarray]
 
 _OUTPUT_SUFFIX = "_output"
 RUNNING_SUMS_PREFIX = "_mxoid_running_sums"
-"""How a private head names an argument whose gradient is a running sum (see
-:attr:`DataParallelExecutorManager.running_sums`)."""
+"""How a private head names its running sums (see
+:attr:`DataParallelExecutorManager.running_sums`): an argument whose gradient is
+the sum, or an auxiliary state that its operator adds to."""
+COUNTING_SUFFIX = "_counting"
+"""How a private head names the switch of sums kept as an auxiliary state: the
+argument ``<sums name>_counting``, float64 of shape ``(1,)``, 1 while the executors
+run forward passes for training, else 0 (the manager sets it)."""
 
 
 def output_short_name(name: str) -> str:
@@ -235,10 +241,13 @@ class DataParallelExecutorManager:
     private_outputs : list of list of NDArray
         Per private head, its first output, one array per device.
     running_sums : dict of str to list of NDArray
-        A private head's arguments named ``_mxoid_running_sums...`` (see
-        :data:`RUNNING_SUMS_PREFIX`): their gradients, one array per device,
-        bound with ``grad_req='add'``, so each backward pass adds to them
-        inside the executor; never parameters, never zeroed by the manager.
+        A private head's running sums, named ``_mxoid_running_sums...`` (see
+        :data:`RUNNING_SUMS_PREFIX`), one array per device, to which the
+        executors add every training batch's values: an argument's gradients,
+        bound with ``grad_req='add'`` (each backward pass adds to them), or an
+        auxiliary state that the head's operator adds to in forward passes for
+        training only (:data:`COUNTING_SUFFIX`). Never parameters, never
+        checkpointed, never zeroed by the manager.
     labels : dict of str to list of NDArray
         Label name -> the label slice on each device for the loaded batch.
     valid_rows : list of int
@@ -275,14 +284,22 @@ class DataParallelExecutorManager:
         self._bound_symbol = mx.sym.Group([symbol, *private_heads]) if private_heads else symbol
         bound_args = self._bound_symbol.list_arguments()
         own_args = symbol.list_arguments()
-        self.running_sum_names = bound_args[len(own_args) :]
-        if bound_args[: len(own_args)] != own_args or any(
-            not name.startswith(RUNNING_SUMS_PREFIX) for name in self.running_sum_names
+        bound_aux = self._bound_symbol.list_auxiliary_states()
+        own_aux = symbol.list_auxiliary_states()
+        private = bound_args[len(own_args) :] + bound_aux[len(own_aux) :]
+        if (
+            bound_args[: len(own_args)] != own_args
+            or bound_aux[: len(own_aux)] != own_aux
+            or any(not name.startswith(RUNNING_SUMS_PREFIX) for name in private)
         ):
             raise ValueError(
                 "private heads may only read the symbol's own arrays (and running sums "
                 f"named {RUNNING_SUMS_PREFIX}...)"
             )
+        # The running sums: arguments whose gradients they are, or auxiliary states
+        # (their heads' operators add to them while their switches say so).
+        self._counting_names = [n for n in private if n.endswith(COUNTING_SUFFIX)]
+        self.running_sum_names = [n for n in private if n not in self._counting_names]
         if self.running_sum_names and (shared_manager is not None or not for_training):
             raise ValueError("running sums are kept by training executors only")
         self.contexts = list(contexts)
@@ -339,8 +356,14 @@ class DataParallelExecutorManager:
             self.private_outputs.append([e.outputs[first] for e in execs])
             first += len(head.list_outputs())
         self.running_sums: Dict[str, List[mx.nd.NDArray]] = {
-            name: [e.grad_dict[name] for e in execs] for name in self.running_sum_names
+            name: [(e.aux_dict if name in bound_aux else e.grad_dict)[name] for e in execs]
+            for name in self.running_sum_names
         }
+        # The heads' switches, per device, and whether they are on (they start off).
+        self._counting = [e.arg_dict[n] for n in self._counting_names for e in execs]
+        for switch in self._counting:
+            switch[:] = 0
+        self._counting_on = False
         self.labels: Dict[str, List[mx.nd.NDArray]] = {
             n: [e.arg_dict[n] for e in execs] for n in self.label_names
         }
@@ -393,6 +416,8 @@ class DataParallelExecutorManager:
             return "null"
         if name in self.running_sum_names:
             return "add"
+        if name in self._counting_names:
+            return "null"
         return self.grad_req
 
     def _input_shapes(self, device: int) -> Tuple[Dict[str, tuple], Dict[str, np.dtype]]:
@@ -405,8 +430,8 @@ class DataParallelExecutorManager:
         shapes, types = self._input_shapes(device)
         try:
             if self.shared_manager is None:
-                grad_req = {n: self._grad_req(n, shapes) for n in self.arg_names}
-                grad_req.update({n: self._grad_req(n, shapes) for n in self.running_sum_names})
+                names = self._bound_symbol.list_arguments()  # the heads' after the symbol's
+                grad_req = {n: self._grad_req(n, shapes) for n in names}
                 return self._bound_symbol.simple_bind(
                     ctx, grad_req=grad_req, type_dict=types, **shapes
                 )
@@ -547,8 +572,13 @@ class DataParallelExecutorManager:
         """Run the forward pass on every device (asynchronously).
 
         The executors' output arrays are those bound (:attr:`outputs`), which
-        every pass writes (see :func:`~mxoid.invoke.forward_pass`).
+        every pass writes (see :func:`~mxoid.invoke.forward_pass`). Running sums
+        kept as auxiliary states count the passes for training only.
         """
+        if self._counting and is_train != self._counting_on:
+            for switch in self._counting:
+                switch[:] = 1 if is_train else 0
+            self._counting_on = is_train
         for executor in self._next_pass or self.executors:
             forward_pass(executor, is_train)
 
@@ -606,7 +636,7 @@ class DataParallelExecutorManager:
                     args_grad=grads,
                     grad_req={
                         n: (self._grad_req(n, {}) if n in grads else "null")
-                        for n in self.arg_names + self.running_sum_names
+                        for n in self._bound_symbol.list_arguments()
                     },
                     aux_states=executor.aux_dict,
                     shared_exec=executor,

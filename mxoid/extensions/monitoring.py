@@ -30,10 +30,13 @@ class TrainingMonitoring(MetricsExtension):
     After every batch the metrics are added to running sums on the devices
     (no ``asnumpy``): the training executors compute each row's values in the
     training graph itself (behind ``BlockGrad``, in outputs private to mxoid:
-    the symbol, ``manager.outputs`` and checkpoints are unchanged), and the
-    backward pass adds them to running sums, gradients of an argument private
-    to mxoid bound with ``grad_req='add'``: the host queues nothing per
-    batch (a padded batch takes its padding rows back out). The sums are read,
+    the symbol, ``manager.outputs`` and checkpoints are unchanged), and add
+    them to running sums private to mxoid: the host queues nothing per
+    batch (a padded batch takes its padding rows back out). With mxoid's
+    fused operator (:mod:`mxoid.metrics.native`) that operator adds them in
+    the forward passes for training (not those of an evaluation on the
+    training executors); with MXNet's operators the backward pass does (the
+    sums are the gradient of an argument bound with ``grad_req='add'``). The sums are read,
     written as records and reset only when the extension fires: at the end of
     each epoch and, with ``every_n_batches``, every N batches. Each write
     covers the batches since the previous write (or the start of training).
@@ -103,8 +106,7 @@ class TrainingMonitoring(MetricsExtension):
 
         The loop binds it with the training executors (see
         :func:`mxoid.metrics.per_row_head`), with ``running_sums`` the name of
-        the head's argument whose gradient the backward passes add the values
-        to, and ``input_types`` the inputs' dtypes (the head takes fewer
+        the head's running sums, to which the executors add the values, and ``input_types`` the inputs' dtypes (the head takes fewer
         operators where it can tell they are float32), and ``contexts`` the
         devices it runs on; None when no head can be built here (no device
         metric, or metrics the outputs do not fit: attaching then says why).

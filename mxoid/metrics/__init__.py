@@ -4,7 +4,7 @@ MXNet's ``EvalMetric.update`` copies every batch to the host (``asnumpy``),
 which stalls the asynchronous engine once per batch. The metrics here keep
 running sums on each device instead, updated by one cached operator call per
 device and batch (for the training batches, the training executors compute the
-values themselves and their backward pass adds them to the sums), and are read
+values themselves and add them to the sums), and are read
 only when a value is wanted.
 
 Three kinds of metric are accepted wherever mxoid asks for metrics

@@ -38,7 +38,7 @@ class MetricAccumulator:
     and every array are made here, once). Given ``head``, the manager's
     private outputs of a :func:`~mxoid.metrics.head.per_row_head`, the executors have computed the
     per-row values already and one addition per device is left; given
-    ``running_sums`` too, the backward passes add them and nothing is left.
+    ``running_sums`` too, the executors add them and nothing is left.
     :meth:`values` reads the sums.
 
     Parameters
@@ -52,9 +52,9 @@ class MetricAccumulator:
         :func:`~mxoid.metrics.head.per_row_head` for these metrics, filled by
         each forward pass.
     running_sums : list of NDArray, optional
-        With ``head``: per device, the gradient of the head's running sums
+        With ``head``: per device, the head's running sums
         (:attr:`DataParallelExecutorManager.running_sums`), to which each
-        backward pass adds the values. :meth:`update` then queues nothing
+        training pass adds the values. :meth:`update` then queues nothing
         for a batch without padding, and takes the padding rows back out of
         a padded one.
 
@@ -168,7 +168,7 @@ class MetricAccumulator:
                         f"on device {device}, not ({rows}, {len(entries)})"
                     )
                 self._head = list(head)
-                if running_sums is not None:  # the backward pass adds the values
+                if running_sums is not None:  # the executors add the values
                     sums = running_sums[device]
                     if tuple(sums.shape) != tuple(head[device].shape):
                         raise ValueError(

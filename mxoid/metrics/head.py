@@ -7,7 +7,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import mxnet as mx
 import numpy as np
 
-from ..executor_manager import output_short_name
+from ..executor_manager import COUNTING_SUFFIX, output_short_name
 from .creation import Metric
 from .host import HostMetric
 from .naming import label_for_output
@@ -47,11 +47,16 @@ def per_row_head(
 
     With ``running_sums`` (a name starting with
     :data:`~mxoid.executor_manager.RUNNING_SUMS_PREFIX`), for training
-    executors: the head also takes an argument of that name, of the values'
-    shape, whose gradient is the values (``MakeLoss(sums * values)``, the
-    values behind ``BlockGrad``). Bound with ``grad_req='add'``, as the
-    manager binds it, each backward pass adds the batch's values to that
-    gradient inside the executor: no operator call is left for the host.
+    executors: the head also adds the values to running sums of that name,
+    inside the executor, so no operator call is left for the host. With
+    MXNet's operators the sums are the gradient of an argument of that name,
+    of the values' shape (``MakeLoss(sums * values)``, the values behind
+    ``BlockGrad``), bound with ``grad_req='add'`` as the manager binds it:
+    each backward pass adds the batch's values. With mxoid's fused operator
+    they are an auxiliary state that the operator adds to in each forward
+    pass while the argument ``<running_sums>_counting``
+    (:data:`~mxoid.executor_manager.COUNTING_SUFFIX`) is not 0, as the manager
+    sets it for forward passes for training.
 
     Each of the head's operators costs the devices a dispatch, which on a small
     network is most of its cost; where the types allow (``input_types``: the
@@ -77,7 +82,7 @@ def per_row_head(
     except mx.base.MXNetError:
         return None
     graph = _Graph(symbol, label_names, shapes, types, out_shapes, out_types)
-    fused = _native_values(graph, metrics, contexts) if native else None
+    fused = _native_values(graph, metrics, contexts, running_sums) if native else None
     if fused is not None:
         values, width = fused
     else:
@@ -103,7 +108,7 @@ def per_row_head(
             return None
         if tuple(shape) != (rows, width):
             return None
-    if running_sums is None:
+    if running_sums is None or fused is not None:  # the fused operator adds to its sums
         return head
     sums = mx.sym.var(running_sums, dtype="float64")  # shaped like the values when bound
     return mx.sym.Group([head, mx.sym.MakeLoss(sums * head)])
@@ -148,10 +153,13 @@ def _native_values(
     graph: _Graph,
     metrics: Sequence[Tuple[str, Metric]],
     contexts: Optional[Sequence[mx.Context]],
+    running_sums: Optional[str] = None,
 ) -> Optional[Tuple[mx.sym.Symbol, int]]:
     """``(values, columns)`` of the device metrics from mxoid's fused operator (None: not here).
 
-    It applies when every device metric is one it computes (:attr:`DeviceMetric.native`),
+    With ``running_sums``, the operator also adds the values to the running
+    sums of that name (:func:`~mxoid.metrics.native.metric_sums`). It applies
+    when every device metric is one it computes (:attr:`DeviceMetric.native`),
     all of one output of shape ``(rows, classes)`` and a label of shape ``(rows,)``,
     both float32, and the operator is available and suits the contexts
     (:mod:`mxoid.metrics.native`).
@@ -180,8 +188,12 @@ def _native_values(
 
     if not (native.suits(contexts) and native.available()):
         return None
-    values = native.metric_rows(symbol[position], symbol.get_internals()[label], natives)
-    return values, len(natives)
+    pred, label_symbol = symbol[position], symbol.get_internals()[label]
+    if running_sums is None:
+        return native.metric_rows(pred, label_symbol, natives), len(natives)
+    counting = mx.sym.var(running_sums + COUNTING_SUFFIX, shape=(1,), dtype="float64")
+    sums = mx.sym.var(running_sums, dtype="float64")
+    return native.metric_sums(pred, label_symbol, natives, counting, sums), len(natives)
 
 
 def _infer_types(symbol: mx.sym.Symbol, types: Dict[str, str]) -> Optional[List[str]]:

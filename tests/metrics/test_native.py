@@ -19,7 +19,7 @@ import pytest
 from conftest import TWO_CPUS
 from monitored import LEARNING, dataset
 
-from mxoid import FinishAfter, MainLoop, TrainingMonitoring
+from mxoid import Evaluate, FinishAfter, MainLoop, TrainingMonitoring
 from mxoid.metrics import create_metrics, native
 from mxoid.metrics.device import _accuracy_float32, _negative_log_likelihood
 from mxoid.metrics.head import per_row_head
@@ -75,26 +75,58 @@ def test_the_fused_operator_computes_mxnets_values_bit_for_bit(columns):
 
 
 @needs_compiler
+def test_the_summing_operator_adds_its_values_while_counting_and_only_then():
+    """mxoid_metric_sums gives mxoid_metric_rows's values, and adds them to the sums it
+    keeps (an auxiliary state) in the forward passes where its switch is not 0."""
+    assert native.available(), native.unavailable_reason()
+    rng = np.random.RandomState(3)
+    p, lab = mx.sym.var("p"), mx.sym.var("lab")
+    columns = ["accuracy", "cross_entropy"]
+    counting, sums = mx.sym.var("on", dtype="float64"), mx.sym.var("sums", dtype="float64")
+    symbol = native.metric_sums(p, lab, columns, counting, sums)
+    assert symbol.list_auxiliary_states() == ["sums"] and "on" in symbol.list_arguments()
+    pred = mx.nd.array(rng.rand(6, 4).astype(np.float32))
+    label = mx.nd.array(rng.randint(0, 4, 6).astype(np.float32))
+    on = mx.nd.ones((1,), dtype="float64")
+    executor = symbol.bind(
+        mx.cpu(),
+        {"p": pred, "lab": label, "on": on},
+        aux_states={"sums": mx.nd.zeros((6, 2), dtype="float64")},
+    )
+    values = native.metric_rows(p, lab, columns).bind(mx.cpu(), {"p": pred, "lab": label})
+    want = values.forward()[0].asnumpy()
+    for switch, passes in ((1, 2), (0, 3), (1, 1)):
+        on[:] = switch
+        for _ in range(passes):
+            np.testing.assert_array_equal(executor.forward(is_train=False)[0].asnumpy(), want)
+    np.testing.assert_array_equal(executor.aux_dict["sums"].asnumpy(), 3 * want)
+
+
+@needs_compiler
 def test_the_head_takes_the_fused_operator_only_where_it_computes_the_same_values():
     assert native.available(), native.unavailable_reason()
     data = mx.sym.var("data")
     net = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(data, num_hidden=4), name="softmax")
     shapes = {"data": (8, 5), "softmax_label": (8,)}
 
-    def head(names, **kwargs):
+    def head(names, running_sums="_mxoid_running_sums0", **kwargs):
         metrics = [("softmax", m) for m in create_metrics(names)]
-        return per_row_head(
-            net, metrics, ["softmax_label"], shapes, [4, 4], "_mxoid_running_sums0", **kwargs
-        )
+        return per_row_head(net, metrics, ["softmax_label"], shapes, [4, 4], running_sums, **kwargs)
 
     fused = _ops(head(["acc", "ce", "nll_loss", "f1"]))  # a host metric is not in the head
-    assert fused.count("mxoid_metric_rows") == 1 and "argmax" not in fused
+    # With running sums, one operator computes the values and adds them: no MakeLoss and
+    # nothing in the backward pass; without, the one that computes them.
+    assert fused.count("mxoid_metric_sums") == 1 and "argmax" not in fused
+    assert "MakeLoss" not in fused and "mxoid_metric_rows" not in fused
+    values = _ops(head(["acc", "ce"], running_sums=None))
+    assert values.count("mxoid_metric_rows") == 1 and "mxoid_metric_sums" not in values
     for others in (
         head(["acc", "top_k_accuracy_2"]),  # a metric it does not compute
         head(["acc", "ce"], input_types={"softmax_label": "float64"}),  # not float32
         head(["acc", "ce"], native=False),
     ):
-        assert "mxoid_metric_rows" not in _ops(others) and "argmax" in _ops(others)
+        assert "mxoid_metric" not in " ".join(_ops(others)) and "argmax" in _ops(others)
+        assert "MakeLoss" in _ops(others)  # the backward pass adds the values
 
 
 @needs_compiler
@@ -126,13 +158,18 @@ def test_training_records_are_the_same_with_and_without_the_fused_operator(monke
             optimizer_params=dict(LEARNING),
             extensions=[
                 TrainingMonitoring(["acc", "ce"], every_n_batches=2),
+                # A host metric at the training batch size: evaluated by forward passes of
+                # the training executors, which must not count in the training sums.
+                Evaluate(
+                    {"again": mx.io.NDArrayIter(X[:40], y[:40], 20, label_name="softmax_label")},
+                    [mx.metric.Accuracy()],
+                    every_n_batches=1,
+                ),
                 FinishAfter(after_n_epochs=2),
             ],
         )
-        if fused:
-            assert "mxoid_metric_rows" in loop.manager._bound_symbol.tojson()
-        else:
-            assert "mxoid_metric_rows" not in loop.manager._bound_symbol.tojson()
+        assert ("mxoid_metric_sums" in loop.manager._bound_symbol.tojson()) == fused
+        assert loop.extensions[1]._accumulators["again"].manager is loop.manager
         loop.run()
         valid = mx.io.NDArrayIter(Xv, yv, 20, label_name="softmax_label", last_batch_handle="pad")
         scored = loop.score(valid, ["acc", "ce"])
@@ -140,11 +177,12 @@ def test_training_records_are_the_same_with_and_without_the_fused_operator(monke
             (i, name): value
             for i in loop.log
             for name, value in loop.log[i].items()
-            if name.startswith("train_")
+            if name.startswith(("train_", "again_"))
         }
         records.append((trained, scored))
     assert records[0] == records[1]
-    assert len(records[0][0]) == 2 * 2 * 3  # acc and ce, at batches 2 and 4 and each epoch end
+    # acc and ce at batches 2 and 4 and each epoch end; the evaluation after every batch
+    assert len(records[0][0]) == 2 * 2 * 3 + 2 * 5
     assert set(records[0][1]) == {"valid_accuracy", "valid_cross_entropy"}
 
 
@@ -179,7 +217,7 @@ def test_on_two_cpus_by_default_the_head_takes_mxnets_operators(monkeypatch):
         for n in (1, 2)
     ]
     one, two = (loop.manager._bound_symbol.tojson() for loop in loops)
-    assert "mxoid_metric_rows" in one and "mxoid_metric_rows" not in two
+    assert "mxoid_metric_sums" in one and "mxoid_metric" not in two
     assert native.available()
 
 

@@ -4,7 +4,9 @@ The metric head of :class:`~mxoid.TrainingMonitoring` (and of ``Evaluate``)
 computes accuracy and cross-entropy per row with about ten MXNet operators per
 device and batch; each costs the engine about a microsecond, whatever the
 batch. ``metric_rows.cc``, next to this file, computes the same values, bit for
-bit, in one operator (``mxoid_metric_rows``). MXNet 1.x loads operators from
+bit, in one operator (``mxoid_metric_rows``), and ``mxoid_metric_sums`` also adds
+them to running sums that it keeps, in the training forward pass (TrainingMonitoring's
+sums, without the backward pass's operators). MXNet 1.x loads operators from
 shared libraries (``mx.library.load``) and its wheel ships the header they are
 built against (``mxnet/include/mxnet/lib_api.h``), so mxoid compiles the file
 with the machine's C++ compiler the first time a process needs it, keeps the
@@ -45,12 +47,17 @@ __all__ = [
     "available",
     "library_path",
     "metric_rows",
+    "metric_sums",
+    "SUMS_OP_NAME",
     "suits",
     "unavailable_reason",
 ]
 
 OP_NAME = "mxoid_metric_rows"
 """The operator's name in MXNet, once loaded."""
+
+SUMS_OP_NAME = "mxoid_metric_sums"
+"""The name of the operator that also adds the values to running sums."""
 
 COLUMNS = ("accuracy", "cross_entropy")
 """The values the operator computes, by the names of mxoid's metrics."""
@@ -128,10 +135,32 @@ def metric_rows(pred: mx.sym.Symbol, label: mx.sym.Symbol, columns: Sequence[str
     in ``columns`` (from :data:`COLUMNS`), the per-row values of that metric.
     Call only when :func:`available` is True.
     """
+    _check_columns(columns)
+    return getattr(mx.sym, OP_NAME)(pred, label, columns=",".join(columns))
+
+
+def metric_sums(
+    pred: mx.sym.Symbol,
+    label: mx.sym.Symbol,
+    columns: Sequence[str],
+    counting: mx.sym.Symbol,
+    sums: mx.sym.Symbol,
+) -> mx.sym.Symbol:
+    """Return :func:`metric_rows`'s values, also added to ``sums`` while ``counting`` says so.
+
+    ``sums`` (float64, shaped like the values) is an input the operator writes,
+    so MXNet binds it as an auxiliary state of the executor; ``counting`` is a
+    float64 argument of shape ``(1,)``: each forward pass adds the values to
+    ``sums`` when it is not 0. Call only when :func:`available` is True.
+    """
+    _check_columns(columns)
+    return getattr(mx.sym, SUMS_OP_NAME)(pred, label, counting, sums, columns=",".join(columns))
+
+
+def _check_columns(columns: Sequence[str]) -> None:
     unknown = [c for c in columns if c not in COLUMNS]
     if unknown or not columns:
         raise ValueError(f"columns must be names from {COLUMNS}, got {list(columns)}")
-    return getattr(mx.sym, OP_NAME)(pred, label, columns=",".join(columns))
 
 
 class _Unavailable(Exception):
@@ -149,8 +178,9 @@ def _load() -> str:
         raise _Unavailable(
             f"MXNet could not load {path} (delete it to build it again): {' '.join(first)}"
         ) from None
-    if not hasattr(mx.sym, OP_NAME):
-        raise _Unavailable(f"{path} loaded, but MXNet has no operator {OP_NAME}")
+    for name in (OP_NAME, SUMS_OP_NAME):
+        if not hasattr(mx.sym, name):
+            raise _Unavailable(f"{path} loaded, but MXNet has no operator {name}")
     return path
 
 
