@@ -1,16 +1,20 @@
 """What TrainingMonitoring's metric head costs the engine: MXNet's operators against the fused one.
 
 The MLP 784-128-64-10 of ``run.py`` is bound with ``simple_bind``, one executor
-per context (each batch split in halves on two), three ways: without a head;
+per context (each batch split in halves on two), four ways: without a head;
 with the head of accuracy and cross-entropy that TrainingMonitoring binds
 (:func:`mxoid.metrics.per_row_head` with running sums) built from MXNet's
 operators (``native=False``: the values, and the backward pass adds them to the
-sums); and built on mxoid's fused operator (``mxoid.metrics.native``: one operator
-computes the values and adds them to the sums in the forward pass; on two contexts
-too, whatever
+sums); with the fused operator for the values and MXNet's operators adding them up
+in the backward pass (as mxoid did before ``mxoid_metric_sums``); and as
+TrainingMonitoring binds it on one CPU, on mxoid's fused operator
+(``mxoid.metrics.native``: one operator computes the values and adds them to the
+sums in the forward pass; on two contexts too, whatever
 ``MXNET_CPU_PARALLEL_RAND_COPY`` says, to show what it costs there). A
 measurement is ``steps`` forward and backward passes of every executor, then
-``mx.nd.waitall()``: the wall time per batch, the engine doing all of the work.
+``mx.nd.waitall()``: the wall time per batch, the engine doing all of the work,
+and the process's CPU time per batch (every thread), less disturbed where the
+machine's speed varies.
 The variants alternate in order, round after round; the table has the median
 per batch and the median over the rounds of each head's difference to the
 variant without one in the same round.
@@ -28,10 +32,11 @@ operator cannot be built here; speed never changes it.
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.dirname(HERE), HERE]
@@ -98,36 +103,44 @@ def variants(batch: int, contexts: int) -> Dict[str, list]:
         assert ("mxoid_metric_sums" in built.tojson()) == fused
         return built
 
+    def fused_values_backward_sums() -> mx.sym.Symbol:  # mxoid before the summing operator
+        values = per_row_head(symbol, metrics, ["softmax_label"], shapes, [rows], native=True)
+        assert "mxoid_metric_rows" in values.tojson()
+        sums = mx.sym.var(SUMS, dtype="float64")
+        return mx.sym.Group([values, mx.sym.MakeLoss(sums * values)])
+
     return {
         "no head": bind(symbol, batch, contexts, None),
         "MXNet's operators": bind(symbol, batch, contexts, head(False)),
+        "fused, backward sums": bind(symbol, batch, contexts, fused_values_backward_sums()),
         "fused operator": bind(symbol, batch, contexts, head(True)),
     }
 
 
-def passes(executors: list, steps: int) -> float:
-    """Seconds per batch of ``steps`` forward and backward passes of every executor."""
+def passes(executors: list, steps: int) -> Tuple[float, float]:
+    """Seconds per batch of ``steps`` forward and backward passes of every executor:
+    wall-clock, and CPU time of the process (every thread: the engine's work)."""
     mx.nd.waitall()
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for _ in range(steps):
         for executor in executors:
             executor.forward(is_train=True)
         for executor in executors:
             executor.backward()
     mx.nd.waitall()
-    return (time.perf_counter() - start) / steps
+    return (time.perf_counter() - start) / steps, (time.process_time() - cpu) / steps
 
 
 def check(batch: int, contexts: int, built: Dict[str, list]) -> List[str]:
     """The two heads' values and running sums, compared bit for bit after the same passes."""
     failures = []
-    for name in ("MXNet's operators", "fused operator"):
+    for name in ("MXNet's operators", "fused, backward sums", "fused operator"):
         passes(built[name], 2)
-    for k in range(contexts):
-        ours, theirs = built["fused operator"][k], built["MXNet's operators"][k]
+    for k, other in itertools.product(range(contexts), ("fused, backward sums", "fused operator")):
+        ours, theirs = built[other][k], built["MXNet's operators"][k]
         for what, a, b in (
-            ("values", ours.outputs[1], theirs.outputs[1]),
-            ("running sums", running_sums(ours), running_sums(theirs)),
+            (f"{other}: values", ours.outputs[1], theirs.outputs[1]),
+            (f"{other}: running sums", running_sums(ours), running_sums(theirs)),
         ):
             if not np.array_equal(a.asnumpy(), b.asnumpy()):
                 failures.append(f"b{batch} {contexts} ctx, device {k}: the heads' {what} differ")
@@ -148,25 +161,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for contexts in size["contexts"]:
             built = variants(batch, contexts)
             failures += check(batch, contexts, built)
-            times: Dict[str, List[float]] = {name: [] for name in built}
+            times: Dict[str, List[Tuple[float, float]]] = {name: [] for name in built}
             for round_index in range(size["rounds"]):
                 order = list(built) if round_index % 2 else list(built)[::-1]
                 for name in order:
                     times[name].append(passes(built[name], size["steps"]))
             bare = np.asarray(times["no head"])
-            for name, seconds in times.items():
-                seconds = np.asarray(seconds)
+            for name, measured in times.items():
+                measured = np.asarray(measured)  # (rounds, [wall, cpu])
                 entry = {
                     "batch": batch,
                     "contexts": contexts,
                     "variant": name,
-                    "us_per_batch": 1e6 * float(np.median(seconds)),
-                    "head_us_per_batch": 1e6 * float(np.median(seconds - bare)),
+                    "us_per_batch": 1e6 * float(np.median(measured[:, 0])),
+                    "head_us_per_batch": 1e6 * float(np.median(measured[:, 0] - bare[:, 0])),
+                    "cpu_us_per_batch": 1e6 * float(np.median(measured[:, 1])),
+                    "head_cpu_us_per_batch": 1e6 * float(np.median(measured[:, 1] - bare[:, 1])),
                 }
                 results.append(entry)
                 print(
                     f"MLP b{batch} {contexts} ctx  {name:<18} {entry['us_per_batch']:8.1f} us/batch"
                     f"  head {entry['head_us_per_batch']:+7.1f}"
+                    f"  CPU {entry['cpu_us_per_batch']:8.1f}"
+                    f"  head {entry['head_cpu_us_per_batch']:+7.1f}"
                 )
     settings = {
         **size,

@@ -106,8 +106,9 @@ class TrainingMonitoring(MetricsExtension):
 
         The loop binds it with the training executors (see
         :func:`mxoid.metrics.per_row_head`), with ``running_sums`` the name of
-        the head's running sums, to which the executors add the values, and ``input_types`` the inputs' dtypes (the head takes fewer
-        operators where it can tell they are float32), and ``contexts`` the
+        the head's running sums, to which the executors add the values,
+        ``input_types`` the inputs' dtypes (the head takes fewer operators
+        where it can tell they are float32), and ``contexts`` the
         devices it runs on; None when no head can be built here (no device
         metric, or metrics the outputs do not fit: attaching then says why).
         """
