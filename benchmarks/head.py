@@ -21,13 +21,15 @@ variant without one in the same round.
 
 Usage::
 
-    python benchmarks/head.py            # full: about 1.5 minutes
-    python benchmarks/head.py --quick    # about 15 s
+    python benchmarks/head.py            # full: a few minutes
+    python benchmarks/head.py --quick    # under a minute
     python benchmarks/head.py --check    # correctness only, a few seconds
+    python benchmarks/head.py --model lenet --contexts 2 --quick --json results/head-lenet.json
 
-``--check`` asserts that both heads give the same values, bit for bit, and
-the same running sums. The exit status is 1 when they do not, or when the fused
-operator cannot be built here; speed never changes it.
+``--model lenet`` binds run.py's LeNet instead (a step about 50 times the MLP's: a
+25th of the steps per measurement). ``--check`` asserts that the three heads give
+the same values, bit for bit, and the same running sums. The exit status is 1 when
+they do not, or when the fused operator cannot be built here; speed never changes it.
 """
 
 from __future__ import annotations
@@ -58,26 +60,38 @@ SIZES = {
     "quick": {"batches": (32, 128), "contexts": (1, 2), "steps": 200, "rounds": 10},
     "check": {"batches": (32,), "contexts": (1, 2), "steps": 3, "rounds": 2},
 }
+STEPS_DIVIDED = {"mlp": 1, "lenet": 25}
+"""LeNet's step is about 50 times the MLP's: it takes fewer steps per measurement."""
 
 
-def bind(symbol: mx.sym.Symbol, batch: int, contexts: int, head: Optional[mx.sym.Symbol]):
-    """One executor per context on its share of the batch, the MLP's parameters set."""
+def data_shape(model: str, rows: int) -> Tuple[int, ...]:
+    return (rows, 784) if model == "mlp" else (rows, 1, 28, 28)
+
+
+def bind(
+    model: str,
+    symbol: mx.sym.Symbol,
+    batch: int,
+    contexts: int,
+    head: Optional[mx.sym.Symbol],
+):
+    """One executor per context on its share of the batch, the model's parameters set."""
     rows = batch // contexts
     net = mx.sym.Group([symbol, head]) if head is not None else symbol
     names = contenders.param_names(symbol)
-    init = contenders.initial_params("mlp")
-    X, y = contenders.make_data("mlp", batch)
+    init = contenders.initial_params(model)
+    X, y = contenders.make_data(model, batch)
     executors = []
     for k, context in enumerate(contenders.contexts(contexts)):
         grad_req = {n: "write" if n in names else "null" for n in net.list_arguments()}
         if SUMS in grad_req:  # MXNet's operators: the backward pass adds to its gradient
             grad_req[SUMS] = "add"
         executor = net.simple_bind(
-            context, grad_req=grad_req, data=(rows, 784), softmax_label=(rows,)
+            context, grad_req=grad_req, data=data_shape(model, rows), softmax_label=(rows,)
         )
         for name in names:
             executor.arg_dict[name][:] = init[name]
-        executor.arg_dict["data"][:] = X[k * rows : (k + 1) * rows]
+        executor.arg_dict["data"][:] = X[k * rows : (k + 1) * rows].reshape(data_shape(model, rows))
         executor.arg_dict["softmax_label"][:] = y[k * rows : (k + 1) * rows]
         if head is not None:
             running_sums(executor)[:] = 0
@@ -92,11 +106,11 @@ def running_sums(executor: mx.executor.Executor) -> mx.nd.NDArray:
     return executor.aux_dict[SUMS] if SUMS in executor.aux_dict else executor.grad_dict[SUMS]
 
 
-def variants(batch: int, contexts: int) -> Dict[str, list]:
-    symbol = contenders.build_symbol("mlp")
+def variants(batch: int, contexts: int, model: str = "mlp") -> Dict[str, list]:
+    symbol = contenders.build_symbol(model)
     metrics = [("softmax", m) for m in create_metrics(["acc", "ce"])]
     rows = batch // contexts
-    shapes = {"data": (rows, 784), "softmax_label": (rows,)}
+    shapes = {"data": data_shape(model, rows), "softmax_label": (rows,)}
 
     def head(fused: bool) -> mx.sym.Symbol:
         built = per_row_head(symbol, metrics, ["softmax_label"], shapes, [rows], SUMS, native=fused)
@@ -110,10 +124,10 @@ def variants(batch: int, contexts: int) -> Dict[str, list]:
         return mx.sym.Group([values, mx.sym.MakeLoss(sums * values)])
 
     return {
-        "no head": bind(symbol, batch, contexts, None),
-        "MXNet's operators": bind(symbol, batch, contexts, head(False)),
-        "fused, backward sums": bind(symbol, batch, contexts, fused_values_backward_sums()),
-        "fused operator": bind(symbol, batch, contexts, head(True)),
+        "no head": bind(model, symbol, batch, contexts, None),
+        "MXNet's operators": bind(model, symbol, batch, contexts, head(False)),
+        "fused, backward sums": bind(model, symbol, batch, contexts, fused_values_backward_sums()),
+        "fused operator": bind(model, symbol, batch, contexts, head(True)),
     }
 
 
@@ -149,9 +163,14 @@ def check(batch: int, contexts: int, built: Dict[str, list]) -> List[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = standalone.argument_parser(__doc__, NAME)
+    parser.add_argument("--model", choices=("mlp", "lenet"), default="mlp")
+    parser.add_argument("--contexts", type=int, nargs="+", help="only these numbers of contexts")
     args = parser.parse_args(argv)
     mode = standalone.mode_of(args)
-    size = SIZES[mode]
+    size = dict(SIZES[mode], model=args.model)
+    size["steps"] = max(1, size["steps"] // STEPS_DIVIDED[args.model])
+    if args.contexts:
+        size["contexts"] = tuple(args.contexts)
     load = standalone.OtherLoad()
     if not native.available():
         print(f"the fused operator is unavailable: {native.unavailable_reason()}")
@@ -159,7 +178,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     results, failures = [], []
     for batch in size["batches"]:
         for contexts in size["contexts"]:
-            built = variants(batch, contexts)
+            built = variants(batch, contexts, args.model)
             failures += check(batch, contexts, built)
             times: Dict[str, List[Tuple[float, float]]] = {name: [] for name in built}
             for round_index in range(size["rounds"]):
@@ -170,6 +189,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             for name, measured in times.items():
                 measured = np.asarray(measured)  # (rounds, [wall, cpu])
                 entry = {
+                    "model": args.model,
                     "batch": batch,
                     "contexts": contexts,
                     "variant": name,
@@ -180,7 +200,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 }
                 results.append(entry)
                 print(
-                    f"MLP b{batch} {contexts} ctx  {name:<18} {entry['us_per_batch']:8.1f} us/batch"
+                    f"{args.model} b{batch} {contexts} ctx  {name:<20}"
+                    f" {entry['us_per_batch']:8.1f} us/batch"
                     f"  head {entry['head_us_per_batch']:+7.1f}"
                     f"  CPU {entry['cpu_us_per_batch']:8.1f}"
                     f"  head {entry['head_cpu_us_per_batch']:+7.1f}"
