@@ -58,15 +58,21 @@ static bool ParseColumns(const Attrs& attrs, std::vector<Column>* columns) {
   return !columns->empty();
 }
 
-MXReturnValue ParseAttrs(const Attrs& attrs, int* num_in, int* num_out) {
+// Checks the columns attribute of operator `name`, which takes `inputs` inputs.
+static MXReturnValue CheckAttrs(const char* name, int inputs, const Attrs& attrs, int* num_in,
+                                int* num_out) {
   std::vector<Column> columns;
   if (!ParseColumns(attrs, &columns)) {
-    MX_ERROR_MSG << "mxoid_metric_rows: 'columns' must list accuracy and/or cross_entropy";
+    MX_ERROR_MSG << name << ": 'columns' must list accuracy and/or cross_entropy";
     return MX_FAIL;
   }
-  *num_in = 2;
+  *num_in = inputs;
   *num_out = 1;
   return MX_SUCCESS;
+}
+
+MXReturnValue ParseAttrs(const Attrs& attrs, int* num_in, int* num_out) {
+  return CheckAttrs("mxoid_metric_rows", 2, attrs, num_in, num_out);
 }
 
 MXReturnValue InferType(const Attrs& attrs, std::vector<int>* in_types,
@@ -162,14 +168,7 @@ REGISTER_OP(mxoid_metric_rows)
 enum SumsInput { kPred = 0, kLabel = 1, kCounting = 2, kSums = 3 };
 
 MXReturnValue ParseSumsAttrs(const Attrs& attrs, int* num_in, int* num_out) {
-  std::vector<Column> columns;
-  if (!ParseColumns(attrs, &columns)) {
-    MX_ERROR_MSG << "mxoid_metric_sums: 'columns' must list accuracy and/or cross_entropy";
-    return MX_FAIL;
-  }
-  *num_in = 4;
-  *num_out = 1;
-  return MX_SUCCESS;
+  return CheckAttrs("mxoid_metric_sums", 4, attrs, num_in, num_out);
 }
 
 MXReturnValue InferSumsType(const Attrs& attrs, std::vector<int>* in_types,
