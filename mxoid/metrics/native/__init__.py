@@ -14,8 +14,8 @@ library in a cache directory, and loads it from there afterwards.
 
 Without a compiler, or when building or loading fails, :func:`available`
 returns False, :func:`unavailable_reason` says why, and the metric head uses
-MXNet's own operators (the same values; 2-7 us more per batch and device
-on a CPU).
+MXNet's own operators (the same values; on one CPU, ``benchmarks/head.py``
+measured 17-40 us more of the engine's CPU time per batch).
 
 Environment:
 
