@@ -139,13 +139,13 @@ def test_updaters_check_fused_agrees_with_stock(tmp_path):
 
 def test_head_check_the_fused_and_mxnets_heads_agree_bit_for_bit(tmp_path):
     data = _run_check("head.py", tmp_path)
-    variants = {(r["batch"], r["contexts"], r["variant"]) for r in data["results"]}
+    variants = {(r["model"], r["batch"], r["contexts"], r["variant"]) for r in data["results"]}
     assert variants == {
-        (32, contexts, variant)
+        ("mlp", 32, contexts, variant)
         for contexts in (1, 2)
-        for variant in ("no head", "MXNet's operators", "fused operator")
+        for variant in ("no head", "MXNet's operators", "fused, backward sums", "fused operator")
     }
-    assert all(r["us_per_batch"] > 0 for r in data["results"])
+    assert all(r["us_per_batch"] > 0 and r["cpu_us_per_batch"] > 0 for r in data["results"])
 
 
 def test_prefetch_check_same_parameters_with_and_without(tmp_path):
