@@ -341,3 +341,61 @@ def test_a_monitored_run_without_the_operator_trains_and_records(tmp_path):
     assert "failed (status 1)" in reason
     accuracy, cross_entropy = map(float, values.split())
     assert 0 <= accuracy <= 1 and cross_entropy > 0
+
+
+@needs_compiler
+def test_the_summing_head_leaves_batchnorm_and_dropout_training_unchanged(monkeypatch):
+    """A network with BatchNorm and Dropout, evaluated at the training batch size after
+    every batch: with the summing operator or MXNet's operators in the head, the same
+    parameters, BatchNorm statistics and records (the head changes no random stream and
+    no auxiliary state of the network's own)."""
+    X, y = dataset("train", 80)
+    runs = []
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(native, "available", lambda: False)
+        mx.random.seed(7)
+        data = mx.sym.var("data")
+        net = mx.sym.FullyConnected(data, num_hidden=8, name="fc1")
+        net = mx.sym.BatchNorm(net, fix_gamma=False, name="bn")
+        net = mx.sym.Dropout(mx.sym.Activation(net, act_type="relu"), p=0.3)
+        net = mx.sym.SoftmaxOutput(
+            mx.sym.FullyConnected(net, num_hidden=3, name="fc2"), name="softmax"
+        )
+        rng = np.random.RandomState(0)
+        loop = MainLoop(
+            net,
+            mx.io.NDArrayIter(X, y, 20, label_name="softmax_label"),
+            arg_params={
+                "fc1_weight": mx.nd.array(rng.randn(8, X.shape[1]).astype(np.float32) * 0.3),
+                "fc1_bias": mx.nd.zeros(8),
+                "bn_gamma": mx.nd.ones(8),
+                "bn_beta": mx.nd.zeros(8),
+                "fc2_weight": mx.nd.array(rng.randn(3, 8).astype(np.float32) * 0.3),
+                "fc2_bias": mx.nd.zeros(3),
+            },
+            optimizer_params=dict(LEARNING),
+            extensions=[
+                TrainingMonitoring(["acc", "ce"], every_n_batches=2),
+                Evaluate(
+                    {"again": mx.io.NDArrayIter(X[:40], y[:40], 20, label_name="softmax_label")},
+                    [mx.metric.Accuracy()],
+                    every_n_batches=1,
+                ),
+                FinishAfter(after_n_epochs=2),
+            ],
+        )
+        assert ("mxoid_metric_sums" in loop.manager._bound_symbol.tojson()) == fused
+        loop.run()
+        arg, aux = loop.manager.get_params()
+        records = {(i, k): v for i in loop.log for k, v in loop.log[i].items() if "_" in k}
+        runs.append(({**arg, **aux}, records))
+    (params, records), (params_mx, records_mx) = runs
+    assert set(params) == set(params_mx) and "bn_moving_mean" in params
+    for name in params:
+        np.testing.assert_array_equal(params[name].asnumpy(), params_mx[name].asnumpy(), name)
+    trained = {
+        key: value for key, value in records.items() if key[1].startswith(("train_", "again_"))
+    }
+    assert len(trained) >= 2 * 2 * 2 + 2 * 4
+    assert trained == {key: records_mx[key] for key in trained}
