@@ -130,16 +130,12 @@ def test_the_head_takes_the_fused_operator_only_where_it_computes_the_same_value
 
 
 @needs_compiler
-@pytest.mark.parametrize("contexts", [1, 2])
-def test_training_records_are_the_same_with_and_without_the_fused_operator(monkeypatch, contexts):
+def test_training_records_are_the_same_with_and_without_the_fused_operator(monkeypatch):
     """TrainingMonitoring and Evaluate, padded batches included, record the same values
     whether the head takes the fused operator or MXNet's (the values are bit-equal, the
     sums add them in the same order)."""
     X, y = dataset("train", 90)
     Xv, yv = dataset("valid")
-    # On two CPU contexts the operator serves only where MXNet was told to give each its
-    # own random generator; said here, the operator serves (at the shared generator's pace).
-    monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", str(contexts))
     records = []
     for fused in (True, False):
         if not fused:
@@ -150,7 +146,6 @@ def test_training_records_are_the_same_with_and_without_the_fused_operator(monke
         loop = MainLoop(
             net,
             mx.io.NDArrayIter(X, y, 20, label_name="softmax_label"),
-            contexts=TWO_CPUS[:contexts],
             arg_params={
                 "fc_weight": mx.nd.array(np.linspace(-1, 1, 30, dtype=np.float32).reshape(3, 10)),
                 "fc_bias": mx.nd.zeros(3),
@@ -186,24 +181,29 @@ def test_training_records_are_the_same_with_and_without_the_fused_operator(monke
     assert set(records[0][1]) == {"valid_accuracy", "valid_cross_entropy"}
 
 
-def test_the_operator_serves_one_cpu_or_cpus_with_random_generators_of_their_own(monkeypatch):
-    """MXNet gives a library's operators a parallel random generator, one for all CPU
-    devices unless MXNET_CPU_PARALLEL_RAND_COPY says more: executors on two CPUs would
-    wait for each other. The operator has no GPU code."""
+def test_the_operator_serves_one_cpu_with_mxnets_one_random_generator(monkeypatch):
+    """MXNet gives a library's operators a parallel random generator: on one CPU with
+    MXNet's one generator that changes nothing; executors on two CPUs would wait for each
+    other, and with several generators the operator would take one a Dropout gets
+    without it. The operator has no GPU code."""
     monkeypatch.delenv("MXNET_CPU_PARALLEL_RAND_COPY", raising=False)
-    assert native.suits(None) and native.suits([mx.cpu(0)])
+    assert native.suits(None) and native.suits([mx.cpu(0)]) and native.suits([mx.cpu(1)])
     assert not native.suits([mx.cpu(0), mx.cpu(1)])
     assert not native.suits([mx.gpu(0)]) and not native.suits([mx.cpu(0), mx.gpu(0)])
-    monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", "2")
-    assert native.suits([mx.cpu(0), mx.cpu(1)])
-    assert not native.suits([mx.cpu(i) for i in range(3)])
-    monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", "two")
-    assert not native.suits([mx.cpu(0), mx.cpu(1)])
+    monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", "1")
+    assert native.suits([mx.cpu(0)])
+    for copies in ("2", "4", "two", ""):
+        monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", copies)
+        assert not native.suits([mx.cpu(0)]) and not native.suits([mx.cpu(0), mx.cpu(1)])
 
 
 @needs_compiler
-def test_on_two_cpus_by_default_the_head_takes_mxnets_operators(monkeypatch):
-    monkeypatch.delenv("MXNET_CPU_PARALLEL_RAND_COPY", raising=False)
+@pytest.mark.parametrize("copies", [None, "2"])
+def test_on_two_cpus_the_head_takes_mxnets_operators(monkeypatch, copies):
+    if copies is None:
+        monkeypatch.delenv("MXNET_CPU_PARALLEL_RAND_COPY", raising=False)
+    else:
+        monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", copies)
     X, y = dataset("train", 40)
     loops = [
         MainLoop(
@@ -217,7 +217,8 @@ def test_on_two_cpus_by_default_the_head_takes_mxnets_operators(monkeypatch):
         for n in (1, 2)
     ]
     one, two = (loop.manager._bound_symbol.tojson() for loop in loops)
-    assert "mxoid_metric_sums" in one and "mxoid_metric" not in two
+    assert "mxoid_metric" not in two
+    assert ("mxoid_metric_sums" in one) == (copies is None)
     assert native.available()
 
 
@@ -399,3 +400,70 @@ def test_the_summing_head_leaves_batchnorm_and_dropout_training_unchanged(monkey
     }
     assert len(trained) >= 2 * 2 * 2 + 2 * 4
     assert trained == {key: records_mx[key] for key in trained}
+
+
+SEVERAL_GENERATORS = textwrap.dedent(
+    """
+    import json, mxnet as mx, numpy as np
+    from mxoid import MainLoop, FinishAfter, TrainingMonitoring
+    from mxoid.metrics import native
+    X = np.random.RandomState(0).rand(80, 6).astype("float32")
+    y = np.floor(X[:, 0] * 3).astype("float32")
+
+    def train(contexts, monitored):
+        net = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc1")
+        net = mx.sym.BatchNorm(net, fix_gamma=False, name="bn")
+        net = mx.sym.Dropout(mx.sym.Activation(net, act_type="relu"), p=0.5)
+        net = mx.sym.FullyConnected(net, num_hidden=3, name="fc2")
+        loop = MainLoop(
+            mx.sym.SoftmaxOutput(net, name="softmax"),
+            mx.io.NDArrayIter(X, y, 20, label_name="softmax_label"),
+            contexts=contexts,
+            optimizer_params={"learning_rate": 0.1},
+            extensions=[TrainingMonitoring(["acc", "ce"])] * monitored
+            + [FinishAfter(after_n_epochs=2)],
+        )
+        fused = "mxoid_metric" in loop.manager._bound_symbol.tojson()
+        loop.run()
+        arg, aux = loop.manager.get_params()
+        return fused, {k: v.asnumpy() for k, v in {**arg, **aux}.items()}
+
+    runs = {}
+    for monitored in (True, False):
+        mx.random.seed(3)
+        two = train([mx.cpu(0), mx.cpu(1)], monitored)
+        mx.random.seed(3)
+        one = train([mx.cpu(0)], monitored)
+        following = train([mx.cpu(0)], monitored)  # the next loop, without a new seed
+        runs[monitored] = {"two": two, "one": one, "following": following}
+    print(json.dumps({
+        "available": native.available(),
+        "fused": [name for name, (fused, _) in runs[True].items() if fused],
+        "same": {
+            name: all(np.array_equal(params[k], runs[False][name][1][k]) for k in params)
+            for name, (_, params) in runs[True].items()
+        },
+    }))
+    """
+)
+
+
+@needs_compiler
+def test_monitoring_changes_no_dropout_mask_when_mxnet_has_several_random_generators():
+    """With MXNET_CPU_PARALLEL_RAND_COPY=2, MXNet hands its CPU random generators out in
+    turn as operators are bound, a library's operators included. A network with Dropout
+    and BatchNorm, on two CPUs, and on one CPU for two loops in a row, trains to the same
+    parameters and statistics with TrainingMonitoring as without (the fused operator,
+    which would take a generator, stands aside)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MXNET_CPU_PARALLEL_RAND_COPY": "2"}
+    done = subprocess.run(
+        [sys.executable, "-c", SEVERAL_GENERATORS],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["available"] and report["fused"] == []
+    assert report["same"] == {"two": True, "one": True, "following": True}

@@ -96,26 +96,27 @@ def available() -> bool:
 def suits(contexts: Optional[Sequence[mx.Context]] = None) -> bool:
     """Return True where the operator may serve executors on ``contexts`` (None: one CPU).
 
-    It runs on CPUs only. And MXNet gives every operator loaded from a library
-    a parallel random generator, which on the CPU all devices share unless
-    ``MXNET_CPU_PARALLEL_RAND_COPY`` (read when MXNet starts; 1 by default)
-    gives them copies of their own: on several CPU contexts, executors holding
-    the operator would wait for each other's forward passes
-    (``benchmarks/head.py``, batch 128 on two CPU contexts: the fused head cost
-    42 us a batch, MXNet's operators 22; with two copies, 17). So on several
-    contexts it serves only where that variable gives each context a copy, as
-    MXNet read it when it started.
+    One CPU context, where MXNet keeps one parallel random generator for the CPU
+    (``MXNET_CPU_PARALLEL_RAND_COPY`` unset or 1, as MXNet read it when it
+    started). The operator has no GPU code. And MXNet gives every operator
+    loaded from a library a parallel random generator (this one draws nothing
+    from it):
+
+    - With MXNet's one generator, which all CPU operators share, that changes
+      nothing for the network's own random operators. But executors on several
+      CPU contexts would wait for each other's forward passes
+      (``benchmarks/head.py``, batch 128 on two CPU contexts: the fused head cost
+      42 us a batch, MXNet's operators 22).
+    - With several copies MXNet hands them out in turn as executors are bound,
+      so the operator would take the copy that a ``Dropout`` bound after it gets
+      without it: the next device's executor, or the next loop's before
+      ``mx.random.seed``. Adding TrainingMonitoring would change the masks, and
+      the training (tested: two CPUs, two copies, a network with Dropout).
     """
     contexts = list(contexts or [mx.cpu()])
-    if any(context.device_type != "cpu" for context in contexts):
+    if len(contexts) != 1 or contexts[0].device_type != "cpu":
         return False
-    if len(contexts) == 1:
-        return True
-    try:
-        copies = int(os.environ.get("MXNET_CPU_PARALLEL_RAND_COPY", "1"))
-    except ValueError:
-        return False
-    return copies >= len(contexts)
+    return os.environ.get("MXNET_CPU_PARALLEL_RAND_COPY", "1").strip() == "1"
 
 
 def unavailable_reason() -> Optional[str]:
