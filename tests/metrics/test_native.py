@@ -467,3 +467,57 @@ def test_monitoring_changes_no_dropout_mask_when_mxnet_has_several_random_genera
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["available"] and report["fused"] == []
     assert report["same"] == {"two": True, "one": True, "following": True}
+
+
+def _operator_counts(loop, tmp_path):
+    """Run ``loop`` under MXNet's profiler; return how many times each operator ran."""
+    mx.nd.waitall()
+    mx.profiler.set_config(
+        profile_imperative=True,
+        profile_symbolic=True,
+        aggregate_stats=True,
+        filename=str(tmp_path / "profile.json"),
+    )
+    mx.profiler.set_state("run")
+    try:
+        loop.run()
+        mx.nd.waitall()
+    finally:
+        mx.profiler.set_state("stop")
+    stats = json.loads(mx.profiler.dumps(reset=True, format="json"))
+    return {name: entry["Count"] for name, entry in stats["Time"].get("operator", {}).items()}
+
+
+@needs_compiler
+def test_the_counting_switch_is_written_only_when_passes_change_between_training_and_not(
+    tmp_path,
+):
+    """The summing operator's switch costs one operator (``_full``) when the loop binds
+    it on, then one each time the forward passes change between training and evaluation
+    on the training executors: nothing for a run of training batches, whatever its
+    length (counted by MXNet's own profiler)."""
+    X, y = dataset("train", 200)
+
+    def loop(batches, evaluate_every=None):
+        extensions = [TrainingMonitoring(["acc", "ce"]), FinishAfter(after_n_batches=batches)]
+        if evaluate_every:
+            again = mx.io.NDArrayIter(X[:40], y[:40], 20, label_name="softmax_label")
+            extensions.append(
+                Evaluate({"again": again}, [mx.metric.Accuracy()], every_n_batches=evaluate_every)
+            )
+        made = MainLoop(
+            mx.sym.SoftmaxOutput(
+                mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=3), name="softmax"
+            ),
+            mx.io.NDArrayIter(X, y, 20, label_name="softmax_label"),
+            extensions=extensions,
+        )
+        assert "mxoid_metric_sums" in made.manager._bound_symbol.tojson()
+        return made
+
+    short, long = (_operator_counts(loop(n), tmp_path) for n in (4, 9))
+    assert short.get("_full") == long.get("_full") == 1
+    # Evaluations after batches 3 and 6, each followed by training (off, then on), and
+    # after batch 9, the last (off).
+    evaluated = _operator_counts(loop(9, evaluate_every=3), tmp_path)
+    assert evaluated.get("_full") == 1 + 2 * 2 + 1
