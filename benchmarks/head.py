@@ -49,7 +49,7 @@ import contenders  # noqa: E402
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mxoid.executor_manager import COUNTING_SUFFIX  # noqa: E402
+from mxoid.private_heads import COUNTING_SUFFIX  # noqa: E402
 from mxoid.metrics import create_metrics, native, per_row_head  # noqa: E402
 
 NAME = "head"

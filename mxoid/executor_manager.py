@@ -10,10 +10,9 @@ import numpy as np
 
 from .errors import clean_mxnet_message
 from .invoke import PreparedCopy, backward_pass, forward_pass
+from .private_heads import COUNTING_SUFFIX, RUNNING_SUMS_PREFIX, PrivateHeads  # noqa: F401 (their old home)
 
 __all__ = [
-    "COUNTING_SUFFIX",
-    "RUNNING_SUMS_PREFIX",
     "DataParallelExecutorManager",
     "OutputArrays",
     "check_contexts",
@@ -26,14 +25,6 @@ DataDescLike = Union[mx.io.DataDesc, Tuple[str, Tuple[int, ...]]]
 ArrayLike = Union[mx.nd.NDArray, np.ndarray]
 
 _OUTPUT_SUFFIX = "_output"
-RUNNING_SUMS_PREFIX = "_mxoid_running_sums"
-"""How a private head names its running sums (see
-:attr:`DataParallelExecutorManager.running_sums`): an argument whose gradient is
-the sum, or an auxiliary state that its operator adds to."""
-COUNTING_SUFFIX = "_counting"
-"""How a private head names the switch of sums kept as an auxiliary state: the
-argument ``<sums name>_counting``, float64 of shape ``(1,)``, 1 while the executors
-run forward passes for training, else 0 (the manager sets it)."""
 
 
 def output_short_name(name: str) -> str:
@@ -242,11 +233,11 @@ class DataParallelExecutorManager:
         Per private head, its first output, one array per device.
     running_sums : dict of str to list of NDArray
         A private head's running sums, named ``_mxoid_running_sums...`` (see
-        :data:`RUNNING_SUMS_PREFIX`), one array per device, to which the
+        :data:`~mxoid.private_heads.RUNNING_SUMS_PREFIX`), one array per device, to which the
         executors add every training batch's values: an argument's gradients,
         bound with ``grad_req='add'`` (each backward pass adds to them), or an
         auxiliary state that the head's operator adds to in forward passes for
-        training only (:data:`COUNTING_SUFFIX`). Never parameters, never
+        training only (:data:`~mxoid.private_heads.COUNTING_SUFFIX`). Never parameters, never
         checkpointed, never zeroed by the manager.
     labels : dict of str to list of NDArray
         Label name -> the label slice on each device for the loaded batch.
@@ -281,27 +272,9 @@ class DataParallelExecutorManager:
             raise ValueError(f"grad_req must be 'write' or 'add', got {grad_req!r}")
         self.symbol = symbol
         # What the executors run: the symbol, and the private heads after its outputs.
-        self._bound_symbol = mx.sym.Group([symbol, *private_heads]) if private_heads else symbol
-        bound_args = self._bound_symbol.list_arguments()
-        own_args = symbol.list_arguments()
-        bound_aux = self._bound_symbol.list_auxiliary_states()
-        own_aux = symbol.list_auxiliary_states()
-        private = bound_args[len(own_args) :] + bound_aux[len(own_aux) :]
-        if (
-            bound_args[: len(own_args)] != own_args
-            or bound_aux[: len(own_aux)] != own_aux
-            or any(not name.startswith(RUNNING_SUMS_PREFIX) for name in private)
-        ):
-            raise ValueError(
-                "private heads may only read the symbol's own arrays (and running sums "
-                f"named {RUNNING_SUMS_PREFIX}...)"
-            )
-        # The running sums: arguments whose gradients they are, or auxiliary states
-        # (their heads' operators add to them while their switches say so).
-        self._counting_names = [n for n in private if n.endswith(COUNTING_SUFFIX)]
-        self.running_sum_names = [n for n in private if n not in self._counting_names]
-        if self.running_sum_names and (shared_manager is not None or not for_training):
-            raise ValueError("running sums are kept by training executors only")
+        self._private = PrivateHeads(symbol, private_heads, for_training and shared_manager is None)
+        self._bound_symbol = self._private.symbol
+        self.running_sum_names = self._private.sum_names
         self.contexts = list(contexts)
         if not self.contexts:
             raise ValueError("contexts is empty; pass at least one, e.g. contexts=[mx.cpu()]")
@@ -350,20 +323,9 @@ class DataParallelExecutorManager:
         self.outputs = OutputArrays(
             (name, [e.outputs[j] for e in execs]) for j, name in enumerate(self.output_names)
         )
-        first = len(self.output_names)
-        self.private_outputs: List[List[mx.nd.NDArray]] = []
-        for head in private_heads:  # each head's first output; the others serve its sums
-            self.private_outputs.append([e.outputs[first] for e in execs])
-            first += len(head.list_outputs())
-        self.running_sums: Dict[str, List[mx.nd.NDArray]] = {
-            name: [(e.aux_dict if name in bound_aux else e.grad_dict)[name] for e in execs]
-            for name in self.running_sum_names
-        }
-        # The heads' switches, per device, and whether they are on (they start off).
-        self._counting = [e.arg_dict[n] for n in self._counting_names for e in execs]
-        for switch in self._counting:
-            switch[:] = 0
-        self._counting_on = False
+        self._private.attach(execs)
+        self.private_outputs = self._private.outputs
+        self.running_sums = self._private.running_sums
         self.labels: Dict[str, List[mx.nd.NDArray]] = {
             n: [e.arg_dict[n] for e in execs] for n in self.label_names
         }
@@ -414,11 +376,7 @@ class DataParallelExecutorManager:
         """
         if not self.for_training or name in inputs or name in self.fixed_param_names:
             return "null"
-        if name in self.running_sum_names:
-            return "add"
-        if name in self._counting_names:
-            return "null"
-        return self.grad_req
+        return self._private.grad_req(name) or self.grad_req
 
     def _input_shapes(self, device: int) -> Tuple[Dict[str, tuple], Dict[str, np.dtype]]:
         rows = self.slices[device].stop - self.slices[device].start
@@ -575,10 +533,9 @@ class DataParallelExecutorManager:
         every pass writes (see :func:`~mxoid.invoke.forward_pass`). Running sums
         kept as auxiliary states count the passes for training only.
         """
-        if self._counting and is_train != self._counting_on:
-            for switch in self._counting:
-                switch[:] = 1 if is_train else 0
-            self._counting_on = is_train
+        private = self._private
+        if private.switches and is_train != private.counting:
+            private.count(is_train)
         for executor in self._next_pass or self.executors:
             forward_pass(executor, is_train)
 

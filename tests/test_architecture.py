@@ -19,6 +19,7 @@ TOP_LEVEL = {
     "compat",
     "errors",
     "executor_manager",
+    "private_heads",
     "fused_updater",
     "inference",
     "initialization",

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 import mxnet as mx
 
-from ..executor_manager import RUNNING_SUMS_PREFIX, output_short_name
+from ..executor_manager import output_short_name
 from ..metrics import MetricAccumulator, per_row_head
 from ..metrics.head import dtypes_of
+from ..private_heads import RUNNING_SUMS_PREFIX
 from .base import Extension
 from .evaluation import Evaluate as Evaluate  # importable from here, as before
 from .metrics_extension import MetricsExtension, _bind_outputs, _record_names

@@ -7,7 +7,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import mxnet as mx
 import numpy as np
 
-from ..executor_manager import COUNTING_SUFFIX, output_short_name
+from ..executor_manager import output_short_name
+from ..private_heads import COUNTING_SUFFIX
 from .creation import Metric
 from .host import HostMetric
 from .naming import label_for_output
@@ -46,7 +47,7 @@ def per_row_head(
     reports why).
 
     With ``running_sums`` (a name starting with
-    :data:`~mxoid.executor_manager.RUNNING_SUMS_PREFIX`), for training
+    :data:`~mxoid.private_heads.RUNNING_SUMS_PREFIX`), for training
     executors: the head also adds the values to running sums of that name,
     inside the executor, so no operator call is left for the host. With
     MXNet's operators the sums are the gradient of an argument of that name,
@@ -55,7 +56,7 @@ def per_row_head(
     each backward pass adds the batch's values. With mxoid's fused operator
     they are an auxiliary state that the operator adds to in each forward
     pass while the argument ``<running_sums>_counting``
-    (:data:`~mxoid.executor_manager.COUNTING_SUFFIX`) is not 0, as the manager
+    (:data:`~mxoid.private_heads.COUNTING_SUFFIX`) is not 0, as the manager
     sets it for forward passes for training.
 
     Each of the head's operators costs the devices a dispatch, which on a small
