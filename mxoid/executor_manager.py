@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
@@ -16,6 +17,7 @@ __all__ = [
     "DataParallelExecutorManager",
     "OutputArrays",
     "check_contexts",
+    "one_random_generator",
     "forward_work_load",
     "output_short_name",
     "split_batch",
@@ -95,6 +97,24 @@ def check_contexts(contexts: Any) -> List[mx.Context]:
     if len(set(map(str, contexts))) != len(contexts):
         raise ValueError(f"contexts {contexts} name a device twice; give each device once")
     return contexts
+
+
+def one_random_generator(contexts: Sequence[mx.Context]) -> bool:
+    """Return True where every operator bound on ``contexts`` draws from one random generator.
+
+    MXNet hands each operator that asks for a parallel random generator
+    (``Dropout``, and every operator loaded from a library) one of several
+    copies, in turn as executors are bound: ``MXNET_CPU_PARALLEL_RAND_COPY``
+    of them (1 by default, read when MXNet starts) for all CPU devices,
+    ``MXNET_GPU_PARALLEL_RAND_COPY`` (4) per GPU, and the states of cuDNN's
+    Dropout likewise (``MXNET_GPU_CUDNN_DROPOUT_STATE_COPY``, 4). Only on CPUs
+    with one copy does an executor bound later (a twin, or one with an extra
+    operator) leave the random numbers of the others as they were: elsewhere
+    its operators take other copies, and change which copy the next one takes.
+    """
+    return all(context.device_type == "cpu" for context in contexts) and (
+        os.environ.get("MXNET_CPU_PARALLEL_RAND_COPY", "1").strip() == "1"
+    )
 
 
 def _check_fixed(names: Sequence[str], param_names: Sequence[str]) -> List[str]:
@@ -576,7 +596,9 @@ class DataParallelExecutorManager:
 
         Parameters, gradients, auxiliary states, inputs and the memory pool
         are the training executor's, so a forward and backward pass on the
-        twin trains exactly as one on the training executor would. What the
+        twin trains exactly as one on the training executor would, where
+        :func:`one_random_generator` holds (elsewhere the twin's ``Dropout``
+        draws from other random generators than the executor's). What the
         twin adds is a place to install a monitor callback
         (``executor.set_monitor_callback``) that costs nothing on the batches
         that do not use it. See :meth:`use_twins_once`.

@@ -5,10 +5,11 @@ from __future__ import annotations
 import ctypes
 import math
 import re
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Union
 
 import mxnet as mx
 
+from ..executor_manager import one_random_generator
 from ..log.records import MONITOR_PREFIX
 from .base import Extension
 
@@ -54,12 +55,20 @@ class Monitor(Extension):
     on batches 1, N + 1, ..., so the two agree batch for batch when its
     ``step`` starts at 1.
 
-    It costs nothing on the other batches: the callback sits on a twin of
-    each training executor that shares all its arrays
+    On CPUs it costs nothing on the other batches: the callback sits on a
+    twin of each training executor that shares all its arrays
     (:meth:`~mxoid.DataParallelExecutorManager.bind_twins`), and only the
-    monitored batches run on the twins. Training is the same, bit for bit,
+    monitored batches run on the twins. But a twin's random operators
+    (``Dropout``) draw from the executor's generators only where MXNet keeps
+    one for the CPU (:func:`~mxoid.executor_manager.one_random_generator`).
+    Elsewhere (GPUs, ``MXNET_CPU_PARALLEL_RAND_COPY`` > 1) the callback sits on
+    the first training executor, as ``Module.fit`` installs ``mx.mon.Monitor``:
+    that executor then runs its operators one at a time, calling the callback
+    for each, on every batch. Either way training is the same, bit for bit,
     with or without the Monitor. A monitored batch waits for the engine when
-    its values are read.
+    its values are read; an output is recorded as the batch's training pass
+    computed it, and so are the inputs (``data``, the labels), even where an
+    evaluation on the training executors ran after it.
 
     Parameters
     ----------
@@ -117,51 +126,70 @@ class Monitor(Extension):
         self.every_n_batches = every_n_batches
         self.monitor_all = monitor_all
         self._active = False
-        self._queue: List[Tuple[str, mx.nd.NDArray]] = []
+        self._queue: Dict[str, mx.nd.NDArray] = {}
         self._twins: List[mx.executor.Executor] = []
+        self._watched: Optional[mx.executor.Executor] = None
+        self._input_names: Set[str] = set()
+        self._inputs_pending = False
 
     def attach(self, loop: MainLoop) -> None:
-        """Bind the twin executors and install the callback on the first device's."""
+        """Install the callback on the first device's twin executor (or training executor)."""
         super().attach(loop)
-        self._twins = loop.manager.bind_twins()
+        manager = loop.manager
+        if one_random_generator(manager.contexts):
+            self._twins = manager.bind_twins()
+            self._watched = self._twins[0]
+        else:
+            self._twins, self._watched = [], manager.executors[0]
+        self._input_names = set(manager.data_names) | set(manager.label_names)
         # Kept on the instance: MXNet holds only a raw pointer to the callback.
         self._callback = self._collect
-        self._twins[0].set_monitor_callback(self._callback, self.monitor_all)
+        self._watched.set_monitor_callback(self._callback, self.monitor_all)
 
     def _collect(self, name: Any, handle: Any) -> None:
         if not self._active:
             return
+        if self._inputs_pending:  # the batch is loaded: its inputs, before anything else is
+            self._inputs_pending = False
+            arrays = self._watched.arg_dict
+            for input_name in self._input_names:
+                if self.pattern.match(input_name):
+                    self._queue[input_name] = self.stat(arrays[input_name])
         name = name.decode() if isinstance(name, bytes) else str(name)
-        if self.pattern.match(name):
+        # The first pass of the batch is its training pass; a name seen again comes
+        # from an evaluation on the training executors.
+        if name not in self._queue and self.pattern.match(name):
             array = mx.nd.NDArray(ctypes.cast(handle, mx.base.NDArrayHandle), writable=False)
-            self._queue.append((name, self.stat(array)))
+            self._queue[name] = self.stat(array)
 
     def before_batch(self, batch: Any) -> None:
         """On a monitored batch, have the loop run it on the twins."""
         if (self.main_loop.status.iterations_done + 1) % self.every_n_batches == 0:
             self._active = True
-            self._queue = []
-            self.main_loop.manager.use_twins_once(self._twins)
+            self._inputs_pending = True
+            self._queue = {}
+            if self._twins:
+                self.main_loop.manager.use_twins_once(self._twins)
 
     def after_batch(self, batch: Any) -> None:
         """Add the weights' statistics after the step, and write the records."""
         if not self._active:
             return
         self._active = False
-        executor = self._twins[0]
+        executor = self._watched
         queue = self._queue
         for names, arrays in (
             (executor._symbol.list_arguments(), executor.arg_arrays),
             (executor._symbol.list_auxiliary_states(), executor.aux_arrays),
         ):
             for name, array in zip(names, arrays):
-                if self.pattern.match(name):
-                    queue.append((name, self.stat(array)))
+                if name not in self._input_names and self.pattern.match(name):
+                    queue[name] = self.stat(array)
         self.main_loop.synchronize()
         row = self.main_loop.log.current_row
-        for name, value in queue:
+        for name, value in queue.items():
             row[f"{MONITOR_PREFIX}{name}_{self.stat_name}"] = _to_record(value)
-        self._queue = []
+        self._queue = {}
 
 
 def _to_record(value: Any) -> Any:

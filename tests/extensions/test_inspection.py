@@ -1,7 +1,12 @@
 """Monitor against what mx.mon.Monitor prints in Module.fit, batch for batch."""
 
+import json
 import logging
+import os
 import re
+import subprocess
+import sys
+import textwrap
 
 import mxnet as mx
 import numpy as np
@@ -10,7 +15,7 @@ from conftest import TWO_CPUS
 from monitored import CountHostSyncs, SyncProbe
 from networks import digits_images, dropout_lenet, initial_params
 
-from mxoid import FinishAfter, MainLoop, Monitor
+from mxoid import Evaluate, FinishAfter, MainLoop, Monitor
 
 BATCH = 32
 DEVICES = {"one": [mx.cpu()], "two": TWO_CPUS}
@@ -147,3 +152,91 @@ def test_monitor_checks_its_arguments():
         Monitor(stat="median")
     with pytest.raises(ValueError, match="not a regular expression"):
         Monitor("(")
+
+
+SEVERAL_GENERATORS = textwrap.dedent(
+    """
+    import json, mxnet as mx, numpy as np
+    from mxoid import Evaluate, FinishAfter, MainLoop, Monitor
+    X = np.random.RandomState(0).rand(80, 6).astype("float32")
+    y = np.floor(X[:, 0] * 3).astype("float32")
+
+    def train(*extensions):
+        mx.random.seed(3)
+        net = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc1")
+        net = mx.sym.Activation(net, act_type="relu", name="relu")
+        net = mx.sym.Dropout(net, p=0.5, name="drop")
+        net = mx.sym.FullyConnected(net, num_hidden=3, name="fc2")
+        loop = MainLoop(
+            mx.sym.SoftmaxOutput(net, name="softmax"),
+            mx.io.NDArrayIter(X, y, 20, label_name="softmax_label"),
+            optimizer_params={"learning_rate": 0.1},
+            extensions=[*extensions, FinishAfter(after_n_epochs=2)],
+        ).run()
+        params = {k: v.asnumpy() for k, v in loop.get_params()[0].items()}
+        records = {
+            (i, k): v for i in loop.log for k, v in loop.log[i].items() if k.startswith("monitor_")
+        }
+        return params, records
+
+    def kept(records):  # less the label's gradient, which MXNet never writes
+        return {k: v for k, v in records.items() if k[1] != "monitor_softmax_backward_output1_rms"}
+
+    plain, _ = train()
+    monitored, records = train(Monitor(every_n_batches=3))
+    # An evaluation on the training executors (a host metric, the training batch size)
+    # after every batch, its hook before the Monitor's.
+    again = mx.io.NDArrayIter(X[40:], y[40:], 20, label_name="softmax_label")
+    evaluate = Evaluate({"again": again}, [mx.metric.Accuracy()], every_n_batches=1)
+    evaluated, evaluated_records = train(evaluate, Monitor(every_n_batches=3))
+    print(json.dumps({
+        "same": all(np.array_equal(plain[k], monitored[k]) for k in plain),
+        "same_evaluated": all(np.array_equal(plain[k], evaluated[k]) for k in plain),
+        "batches": sorted({i for i, _ in records}),
+        "names": sorted({k for _, k in records}),
+        "same_records": kept(evaluated_records) == kept(records),
+    }))
+    """
+)
+
+
+def test_with_several_cpu_random_generators_the_monitor_leaves_dropout_as_it_was():
+    """With MXNET_CPU_PARALLEL_RAND_COPY=2 (and on GPUs, where MXNet keeps several by
+    default) a twin's Dropout would draw from another generator than its executor's: the
+    callback sits on the training executor, which trains as without the Monitor, and
+    evaluations on the training executors after a monitored batch leave its records."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MXNET_CPU_PARALLEL_RAND_COPY": "2"}
+    done = subprocess.run(
+        [sys.executable, "-c", SEVERAL_GENERATORS],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["same"] and report["same_evaluated"]
+    assert report["batches"] == [3, 6] and report["same_records"]
+    assert {"monitor_drop_output_rms", "monitor_fc1_backward_output1_rms"} <= set(report["names"])
+
+
+def test_an_evaluation_on_the_training_executors_leaves_the_monitored_batch_records():
+    """Evaluate's hook before the Monitor's, a host metric at the training batch size:
+    its forward passes load its own batches into the training executors' inputs. The
+    Monitor's records are still those of the batch it watched, inputs included."""
+    X, y = digits_images(64)
+
+    def records(*extensions):
+        loop = monitored_loop("one", [*extensions, Monitor(every_n_batches=2)]).run()
+        return {
+            (i, k): v
+            for i in loop.log
+            for k, v in loop.log[i].items()
+            if k.startswith("monitor_") and k[len("monitor_") : -len("_rms")] not in UNDEFINED
+        }
+
+    again = mx.io.NDArrayIter(X, y, batch_size=BATCH, label_name="softmax_label")
+    evaluated = records(Evaluate({"again": again}, [mx.metric.Accuracy()], every_n_batches=1))
+    plain = records()
+    assert {"monitor_data_rms", "monitor_softmax_label_rms"} <= {k for _, k in plain}
+    assert evaluated == plain

@@ -42,6 +42,8 @@ from typing import List, Optional, Sequence
 
 import mxnet as mx
 
+from ...executor_manager import one_random_generator
+
 __all__ = [
     "OP_NAME",
     "available",
@@ -114,9 +116,7 @@ def suits(contexts: Optional[Sequence[mx.Context]] = None) -> bool:
       the training (tested: two CPUs, two copies, a network with Dropout).
     """
     contexts = list(contexts or [mx.cpu()])
-    if len(contexts) != 1 or contexts[0].device_type != "cpu":
-        return False
-    return os.environ.get("MXNET_CPU_PARALLEL_RAND_COPY", "1").strip() == "1"
+    return len(contexts) == 1 and one_random_generator(contexts)
 
 
 def unavailable_reason() -> Optional[str]:
