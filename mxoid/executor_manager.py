@@ -106,8 +106,9 @@ def one_random_generator(contexts: Sequence[mx.Context]) -> bool:
     (``Dropout``, and every operator loaded from a library) one of several
     copies, in turn as executors are bound: ``MXNET_CPU_PARALLEL_RAND_COPY``
     of them (1 by default, read when MXNet starts) for all CPU devices,
-    ``MXNET_GPU_PARALLEL_RAND_COPY`` (4) per GPU, and the states of cuDNN's
-    Dropout likewise (``MXNET_GPU_CUDNN_DROPOUT_STATE_COPY``, 4). Only on CPUs
+    ``MXNET_GPU_PARALLEL_RAND_COPY`` per GPU, and the states of cuDNN's Dropout
+    likewise (``MXNET_GPU_CUDNN_DROPOUT_STATE_COPY``; 4 each by default, as
+    MXNet 1.x documents its environment variables). Only on CPUs
     with one copy does an executor bound later (a twin, or one with an extra
     operator) leave the random numbers of the others as they were: elsewhere
     its operators take other copies, and change which copy the next one takes.
