@@ -161,7 +161,7 @@ SEVERAL_GENERATORS = textwrap.dedent(
     X = np.random.RandomState(0).rand(80, 6).astype("float32")
     y = np.floor(X[:, 0] * 3).astype("float32")
 
-    def train(*extensions):
+    def train(*extensions, contexts=(mx.cpu(0),)):
         mx.random.seed(3)
         net = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=8, name="fc1")
         net = mx.sym.Activation(net, act_type="relu", name="relu")
@@ -170,6 +170,7 @@ SEVERAL_GENERATORS = textwrap.dedent(
         loop = MainLoop(
             mx.sym.SoftmaxOutput(net, name="softmax"),
             mx.io.NDArrayIter(X, y, 20, label_name="softmax_label"),
+            contexts=list(contexts),
             optimizer_params={"learning_rate": 0.1},
             extensions=[*extensions, FinishAfter(after_n_epochs=2)],
         ).run()
@@ -189,9 +190,12 @@ SEVERAL_GENERATORS = textwrap.dedent(
     again = mx.io.NDArrayIter(X[40:], y[40:], 20, label_name="softmax_label")
     evaluate = Evaluate({"again": again}, [mx.metric.Accuracy()], every_n_batches=1)
     evaluated, evaluated_records = train(evaluate, Monitor(every_n_batches=3))
+    two = [mx.cpu(0), mx.cpu(1)]
+    plain_two, monitored_two = train(contexts=two)[0], train(Monitor(every_n_batches=3), contexts=two)[0]
     print(json.dumps({
         "same": all(np.array_equal(plain[k], monitored[k]) for k in plain),
         "same_evaluated": all(np.array_equal(plain[k], evaluated[k]) for k in plain),
+        "same_two": all(np.array_equal(plain_two[k], monitored_two[k]) for k in plain),
         "batches": sorted({i for i, _ in records}),
         "names": sorted({k for _, k in records}),
         "same_records": kept(evaluated_records) == kept(records),
@@ -203,7 +207,8 @@ SEVERAL_GENERATORS = textwrap.dedent(
 def test_with_several_cpu_random_generators_the_monitor_leaves_dropout_as_it_was():
     """With MXNET_CPU_PARALLEL_RAND_COPY=2 (and on GPUs, where MXNet keeps several by
     default) a twin's Dropout would draw from another generator than its executor's: the
-    callback sits on the training executor, which trains as without the Monitor, and
+    callback sits on the training executor, which trains as without the Monitor (on one
+    CPU context and on two), and
     evaluations on the training executors after a monitored batch leave its records."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MXNET_CPU_PARALLEL_RAND_COPY": "2"}
     done = subprocess.run(
@@ -215,7 +220,7 @@ def test_with_several_cpu_random_generators_the_monitor_leaves_dropout_as_it_was
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    assert report["same"] and report["same_evaluated"]
+    assert report["same"] and report["same_evaluated"] and report["same_two"]
     assert report["batches"] == [3, 6] and report["same_records"]
     assert {"monitor_drop_output_rms", "monitor_fc1_backward_output1_rms"} <= set(report["names"])
 
