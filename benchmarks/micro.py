@@ -31,6 +31,8 @@
 Usage::
 
     python benchmarks/micro.py [--quick | --tiny] [--json PATH]
+    python benchmarks/micro.py --contexts 2 --variants TrainingMonitoring --rounds 200 \\
+        --no-dispatch   # one extension's cost, measured longer
 """
 
 from __future__ import annotations
@@ -193,6 +195,9 @@ def per_batch_costs(size: dict, workdir: str) -> (List[dict], List[str]):
     results = []
     counter = 0
     for num_contexts, only in size["cells"]:
+        unknown = sorted(set(only or ()) - set(makers))
+        if unknown:
+            raise ValueError(f"unknown variants {unknown}; the variants are {sorted(makers)}")
         variants = {"bare": lambda: []}
         for name, maker in makers.items():
             if only is None or name in only:
@@ -272,13 +277,37 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     group.add_argument("--quick", action="store_true")
     group.add_argument("--tiny", action="store_true", help="a few seconds; for the tests")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--contexts",
+        type=int,
+        choices=(1, 2),
+        help="per-batch costs on this many contexts only (default: as the size says)",
+    )
+    parser.add_argument(
+        "--variants",
+        help="per-batch costs of these variants only, comma-separated (e.g. "
+        "TrainingMonitoring; the bare loop always runs)",
+    )
+    parser.add_argument("--rounds", type=int, help="rounds (epochs per variant) to time")
+    parser.add_argument(
+        "--no-dispatch", action="store_true", help="skip the hook-dispatch measurement"
+    )
     args = parser.parse_args(argv)
-    size = SIZES["quick" if args.quick else "tiny" if args.tiny else "full"]
+    size = dict(SIZES["quick" if args.quick else "tiny" if args.tiny else "full"])
+    if args.rounds is not None:
+        if args.rounds < 2:
+            parser.error("--rounds must be at least 2")
+        size["rounds"] = args.rounds
+    if args.contexts is not None or args.variants is not None:
+        only = tuple(v.strip() for v in args.variants.split(",")) if args.variants else None
+        contexts = [args.contexts] if args.contexts else sorted({c for c, _ in size["cells"]})
+        size["cells"] = [(c, only) for c in contexts]
 
     dispatch = [
         dispatch_cost(count, style, size["fires"] * 10 // count, size["repeats"])
         for count in (10, 50)
         for style in STYLES
+        if not args.no_dispatch
     ]
     with tempfile.TemporaryDirectory(prefix="mxoid-micro-") as workdir:
         per_batch, notes = per_batch_costs(size, workdir)

@@ -602,3 +602,30 @@ def test_rows_of_the_check_carry_their_host_time_per_round(report):
             len(run) for run in row["epoch_seconds"]
         ]
         assert all(seconds > 0 for run in row["epoch_host_seconds"] for seconds in run)
+
+
+def test_the_micro_benchmark_measures_one_extension_on_the_contexts_asked(tmp_path):
+    """``--contexts 2 --variants TrainingMonitoring``: the bare loop and that extension on
+    two contexts only, over the rounds asked, without the dispatch measurement."""
+    path = tmp_path / "micro.json"
+    micro = os.path.join(ROOT, "benchmarks", "micro.py")
+    arguments = ["--tiny", "--contexts", "2", "--variants", "TrainingMonitoring"]
+    arguments += ["--rounds", "3", "--no-dispatch", "--json", str(path)]
+    done = subprocess.run(
+        [sys.executable, micro, *arguments], capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(path.read_text())
+    assert report["dispatch"] == []
+    rows = [(entry["name"], entry["cell"]) for entry in report["per_batch"]]
+    assert rows == [
+        ("bare MainLoop (FinishAfter only)", "MLP b32 2 ctx"),
+        ("+ TrainingMonitoring", "MLP b32 2 ctx"),
+    ]
+    unknown = subprocess.run(
+        [sys.executable, micro, "--tiny", "--variants", "Nope", "--no-dispatch"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert unknown.returncode != 0 and "unknown variants ['Nope']" in unknown.stderr

@@ -191,7 +191,8 @@ SEVERAL_GENERATORS = textwrap.dedent(
     evaluate = Evaluate({"again": again}, [mx.metric.Accuracy()], every_n_batches=1)
     evaluated, evaluated_records = train(evaluate, Monitor(every_n_batches=3))
     two = [mx.cpu(0), mx.cpu(1)]
-    plain_two, monitored_two = train(contexts=two)[0], train(Monitor(every_n_batches=3), contexts=two)[0]
+    plain_two = train(contexts=two)[0]
+    monitored_two = train(Monitor(every_n_batches=3), contexts=two)[0]
     print(json.dumps({
         "same": all(np.array_equal(plain[k], monitored[k]) for k in plain),
         "same_evaluated": all(np.array_equal(plain[k], evaluated[k]) for k in plain),
