@@ -1,6 +1,9 @@
 """Shared fixtures: small networks and data made with a fixed seed."""
 
+import json
 import os
+import subprocess
+import sys
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
@@ -10,6 +13,17 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 TWO_CPUS = [mx.cpu(0), mx.cpu(1)]
+
+
+def json_from_fresh_python(script: str, **env: str):
+    """Run ``script`` in a fresh Python with these environment variables (one OpenMP
+    thread); return the JSON object of its last line of output."""
+    environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=environment, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def mlp(num_hidden: int = 16, num_classes: int = 3) -> mx.sym.Symbol:

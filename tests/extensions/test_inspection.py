@@ -1,17 +1,13 @@
 """Monitor against what mx.mon.Monitor prints in Module.fit, batch for batch."""
 
-import json
 import logging
-import os
 import re
-import subprocess
-import sys
 import textwrap
 
 import mxnet as mx
 import numpy as np
 import pytest
-from conftest import TWO_CPUS
+from conftest import TWO_CPUS, json_from_fresh_python
 from monitored import CountHostSyncs, SyncProbe
 from networks import digits_images, dropout_lenet, initial_params
 
@@ -211,16 +207,7 @@ def test_with_several_cpu_random_generators_the_monitor_leaves_dropout_as_it_was
     callback sits on the training executor, which trains as without the Monitor (on one
     CPU context and on two), and
     evaluations on the training executors after a monitored batch leave its records."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MXNET_CPU_PARALLEL_RAND_COPY": "2"}
-    done = subprocess.run(
-        [sys.executable, "-c", SEVERAL_GENERATORS],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = json_from_fresh_python(SEVERAL_GENERATORS, MXNET_CPU_PARALLEL_RAND_COPY="2")
     assert report["same"] and report["same_evaluated"] and report["same_two"]
     assert report["batches"] == [3, 6] and report["same_records"]
     assert {"monitor_drop_output_rms", "monitor_fc1_backward_output1_rms"} <= set(report["names"])

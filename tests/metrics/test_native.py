@@ -16,7 +16,7 @@ import textwrap
 import mxnet as mx
 import numpy as np
 import pytest
-from conftest import TWO_CPUS
+from conftest import TWO_CPUS, json_from_fresh_python
 from monitored import LEARNING, dataset
 
 from mxoid import Evaluate, FinishAfter, MainLoop, TrainingMonitoring
@@ -455,16 +455,7 @@ def test_monitoring_changes_no_dropout_mask_when_mxnet_has_several_random_genera
     and BatchNorm, on two CPUs, and on one CPU for two loops in a row, trains to the same
     parameters and statistics with TrainingMonitoring as without (the fused operator,
     which would take a generator, stands aside)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MXNET_CPU_PARALLEL_RAND_COPY": "2"}
-    done = subprocess.run(
-        [sys.executable, "-c", SEVERAL_GENERATORS],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = json_from_fresh_python(SEVERAL_GENERATORS, MXNET_CPU_PARALLEL_RAND_COPY="2")
     assert report["available"] and report["fused"] == []
     assert report["same"] == {"two": True, "one": True, "following": True}
 
