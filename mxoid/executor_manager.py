@@ -113,9 +113,12 @@ def one_random_generator(contexts: Sequence[mx.Context]) -> bool:
     operator) leave the random numbers of the others as they were: elsewhere
     its operators take other copies, and change which copy the next one takes.
     """
-    return all(context.device_type == "cpu" for context in contexts) and (
-        os.environ.get("MXNET_CPU_PARALLEL_RAND_COPY", "1").strip() == "1"
-    )
+    if not all(context.device_type == "cpu" for context in contexts):
+        return False
+    try:
+        return int(os.environ.get("MXNET_CPU_PARALLEL_RAND_COPY", "1")) == 1
+    except ValueError:  # whatever MXNet made of it, not known to be one copy
+        return False
 
 
 def _check_fixed(names: Sequence[str], param_names: Sequence[str]) -> List[str]:

@@ -190,8 +190,9 @@ def test_the_operator_serves_one_cpu_with_mxnets_one_random_generator(monkeypatc
     assert native.suits(None) and native.suits([mx.cpu(0)]) and native.suits([mx.cpu(1)])
     assert not native.suits([mx.cpu(0), mx.cpu(1)])
     assert not native.suits([mx.gpu(0)]) and not native.suits([mx.cpu(0), mx.gpu(0)])
-    monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", "1")
-    assert native.suits([mx.cpu(0)])
+    for one in ("1", " 1", "01"):
+        monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", one)
+        assert native.suits([mx.cpu(0)])
     for copies in ("2", "4", "two", ""):
         monkeypatch.setenv("MXNET_CPU_PARALLEL_RAND_COPY", copies)
         assert not native.suits([mx.cpu(0)]) and not native.suits([mx.cpu(0), mx.cpu(1)])
