@@ -263,6 +263,9 @@ class DataParallelExecutorManager:
         auxiliary state that the head's operator adds to in forward passes for
         training only (:data:`~mxoid.private_heads.COUNTING_SUFFIX`). Never parameters, never
         checkpointed, never zeroed by the manager.
+    training_pass : bool
+        Whether the last forward pass was for training (``is_train=True``);
+        the backward pass after it belongs to it.
     labels : dict of str to list of NDArray
         Label name -> the label slice on each device for the loaded batch.
     valid_rows : list of int
@@ -348,6 +351,7 @@ class DataParallelExecutorManager:
             (name, [e.outputs[j] for e in execs]) for j, name in enumerate(self.output_names)
         )
         self._private.attach(execs)
+        self.training_pass = False
         self.private_outputs = self._private.outputs
         self.running_sums = self._private.running_sums
         self.labels: Dict[str, List[mx.nd.NDArray]] = {
@@ -557,6 +561,7 @@ class DataParallelExecutorManager:
         every pass writes (see :func:`~mxoid.invoke.forward_pass`). Running sums
         kept as auxiliary states count the passes for training only.
         """
+        self.training_pass = is_train
         private = self._private
         if private.switches and is_train != private.counting:
             private.count(is_train)

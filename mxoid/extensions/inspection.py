@@ -67,8 +67,9 @@ class Monitor(Extension):
     for each, on every batch. Either way training is the same, bit for bit,
     with or without the Monitor. A monitored batch waits for the engine when
     its values are read; an output is recorded as the batch's training pass
-    computed it, and so are the inputs (``data``, the labels), even where an
-    evaluation on the training executors ran after it.
+    computed it, and so are the inputs (``data``, the labels), even where
+    another extension runs an evaluation on the training executors before or
+    after it.
 
     Parameters
     ----------
@@ -135,7 +136,7 @@ class Monitor(Extension):
     def attach(self, loop: MainLoop) -> None:
         """Install the callback on the first device's twin executor (or training executor)."""
         super().attach(loop)
-        manager = loop.manager
+        manager = self._manager = loop.manager
         if one_random_generator(manager.contexts):
             self._twins = manager.bind_twins()
             self._watched = self._twins[0]
@@ -147,7 +148,9 @@ class Monitor(Extension):
         self._watched.set_monitor_callback(self._callback, self.monitor_all)
 
     def _collect(self, name: Any, handle: Any) -> None:
-        if not self._active:
+        # Only the batch's training pass: not an evaluation on the training executors
+        # that another extension's hook runs before or after it.
+        if not self._active or not self._manager.training_pass:
             return
         if self._inputs_pending:  # the batch is loaded: its inputs, before anything else is
             self._inputs_pending = False
@@ -156,8 +159,6 @@ class Monitor(Extension):
                 if self.pattern.match(input_name):
                     self._queue[input_name] = self.stat(arrays[input_name])
         name = name.decode() if isinstance(name, bytes) else str(name)
-        # The first pass of the batch is its training pass; a name seen again comes
-        # from an evaluation on the training executors.
         if name not in self._queue and self.pattern.match(name):
             array = mx.nd.NDArray(ctypes.cast(handle, mx.base.NDArrayHandle), writable=False)
             self._queue[name] = self.stat(array)

@@ -153,7 +153,7 @@ def test_monitor_checks_its_arguments():
 SEVERAL_GENERATORS = textwrap.dedent(
     """
     import json, mxnet as mx, numpy as np
-    from mxoid import Evaluate, FinishAfter, MainLoop, Monitor
+    from mxoid import Evaluate, Extension, FinishAfter, MainLoop, Monitor
     X = np.random.RandomState(0).rand(80, 6).astype("float32")
     y = np.floor(X[:, 0] * 3).astype("float32")
 
@@ -186,6 +186,13 @@ SEVERAL_GENERATORS = textwrap.dedent(
     again = mx.io.NDArrayIter(X[40:], y[40:], 20, label_name="softmax_label")
     evaluate = Evaluate({"again": again}, [mx.metric.Accuracy()], every_n_batches=1)
     evaluated, evaluated_records = train(evaluate, Monitor(every_n_batches=3))
+    # And one in a before_batch hook after the Monitor's, before the batch's training pass.
+    class ScoreFirst(Extension):
+        def before_batch(self, batch):
+            again = mx.io.NDArrayIter(X[40:], y[40:], 20, label_name="softmax_label")
+            self.main_loop.score(again, [mx.metric.Accuracy()])
+
+    _, scored_records = train(Monitor(every_n_batches=3), ScoreFirst())
     two = [mx.cpu(0), mx.cpu(1)]
     plain_two = train(contexts=two)[0]
     monitored_two = train(Monitor(every_n_batches=3), contexts=two)[0]
@@ -196,6 +203,7 @@ SEVERAL_GENERATORS = textwrap.dedent(
         "batches": sorted({i for i, _ in records}),
         "names": sorted({k for _, k in records}),
         "same_records": kept(evaluated_records) == kept(records),
+        "same_scored_records": kept(scored_records) == kept(records),
     }))
     """
 )
@@ -205,11 +213,12 @@ def test_with_several_cpu_random_generators_the_monitor_leaves_dropout_as_it_was
     """With MXNET_CPU_PARALLEL_RAND_COPY=2 (and on GPUs, where MXNet keeps several by
     default) a twin's Dropout would draw from another generator than its executor's: the
     callback sits on the training executor, which trains as without the Monitor (on one
-    CPU context and on two), and
-    evaluations on the training executors after a monitored batch leave its records."""
+    CPU context and on two), and evaluations on the training executors before and after a
+    monitored batch's training pass leave its records."""
     report = json_from_fresh_python(SEVERAL_GENERATORS, MXNET_CPU_PARALLEL_RAND_COPY="2")
     assert report["same"] and report["same_evaluated"] and report["same_two"]
     assert report["batches"] == [3, 6] and report["same_records"]
+    assert report["same_scored_records"]
     assert {"monitor_drop_output_rms", "monitor_fc1_backward_output1_rms"} <= set(report["names"])
 
 
