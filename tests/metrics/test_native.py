@@ -129,6 +129,24 @@ def test_the_head_takes_the_fused_operator_only_where_it_computes_the_same_value
         assert "MakeLoss" in _ops(others)  # the backward pass adds the values
 
 
+def _monitored_loop(net, X, y, arg_params):
+    """Two epochs of batches of 20 with TrainingMonitoring (acc, ce) every 2 batches, and
+    after every batch an Evaluate with a host metric at the training batch size: forward
+    passes of the training executors, which must not count in the training sums."""
+    again = mx.io.NDArrayIter(X[:40], y[:40], 20, label_name="softmax_label")
+    return MainLoop(
+        net,
+        mx.io.NDArrayIter(X, y, 20, label_name="softmax_label"),
+        arg_params=arg_params,
+        optimizer_params=dict(LEARNING),
+        extensions=[
+            TrainingMonitoring(["acc", "ce"], every_n_batches=2),
+            Evaluate({"again": again}, [mx.metric.Accuracy()], every_n_batches=1),
+            FinishAfter(after_n_epochs=2),
+        ],
+    )
+
+
 @needs_compiler
 def test_training_records_are_the_same_with_and_without_the_fused_operator(monkeypatch):
     """TrainingMonitoring and Evaluate, padded batches included, record the same values
@@ -143,25 +161,9 @@ def test_training_records_are_the_same_with_and_without_the_fused_operator(monke
         data = mx.sym.var("data")
         fc = mx.sym.FullyConnected(data, num_hidden=3, name="fc")
         net = mx.sym.SoftmaxOutput(fc, name="softmax")
-        loop = MainLoop(
-            net,
-            mx.io.NDArrayIter(X, y, 20, label_name="softmax_label"),
-            arg_params={
-                "fc_weight": mx.nd.array(np.linspace(-1, 1, 30, dtype=np.float32).reshape(3, 10)),
-                "fc_bias": mx.nd.zeros(3),
-            },
-            optimizer_params=dict(LEARNING),
-            extensions=[
-                TrainingMonitoring(["acc", "ce"], every_n_batches=2),
-                # A host metric at the training batch size: evaluated by forward passes of
-                # the training executors, which must not count in the training sums.
-                Evaluate(
-                    {"again": mx.io.NDArrayIter(X[:40], y[:40], 20, label_name="softmax_label")},
-                    [mx.metric.Accuracy()],
-                    every_n_batches=1,
-                ),
-                FinishAfter(after_n_epochs=2),
-            ],
+        weight = np.linspace(-1, 1, 30, dtype=np.float32).reshape(3, 10)
+        loop = _monitored_loop(
+            net, X, y, {"fc_weight": mx.nd.array(weight), "fc_bias": mx.nd.zeros(3)}
         )
         assert ("mxoid_metric_sums" in loop.manager._bound_symbol.tojson()) == fused
         assert loop.extensions[1]._accumulators["again"].manager is loop.manager
@@ -365,10 +367,11 @@ def test_the_summing_head_leaves_batchnorm_and_dropout_training_unchanged(monkey
             mx.sym.FullyConnected(net, num_hidden=3, name="fc2"), name="softmax"
         )
         rng = np.random.RandomState(0)
-        loop = MainLoop(
+        loop = _monitored_loop(
             net,
-            mx.io.NDArrayIter(X, y, 20, label_name="softmax_label"),
-            arg_params={
+            X,
+            y,
+            {
                 "fc1_weight": mx.nd.array(rng.randn(8, X.shape[1]).astype(np.float32) * 0.3),
                 "fc1_bias": mx.nd.zeros(8),
                 "bn_gamma": mx.nd.ones(8),
@@ -376,16 +379,6 @@ def test_the_summing_head_leaves_batchnorm_and_dropout_training_unchanged(monkey
                 "fc2_weight": mx.nd.array(rng.randn(3, 8).astype(np.float32) * 0.3),
                 "fc2_bias": mx.nd.zeros(3),
             },
-            optimizer_params=dict(LEARNING),
-            extensions=[
-                TrainingMonitoring(["acc", "ce"], every_n_batches=2),
-                Evaluate(
-                    {"again": mx.io.NDArrayIter(X[:40], y[:40], 20, label_name="softmax_label")},
-                    [mx.metric.Accuracy()],
-                    every_n_batches=1,
-                ),
-                FinishAfter(after_n_epochs=2),
-            ],
         )
         assert ("mxoid_metric_sums" in loop.manager._bound_symbol.tojson()) == fused
         loop.run()
