@@ -16,7 +16,8 @@ import mxnet as mx
 import numpy as np
 
 from .checkpoint.loading import load_model
-from .executor_manager import DataParallelExecutorManager, check_contexts, output_short_name
+from .devices import check_contexts
+from .executor_manager import DataParallelExecutorManager, output_short_name
 from .pacing import DEFAULT_MAX_BATCHES_AHEAD, Pacer, check_max_batches_ahead
 
 __all__ = ["Predictor", "input_descs", "label_descs_for", "predict_outputs"]

@@ -17,6 +17,7 @@ from .checkpoint import CheckpointContents, find_checkpoint
 from .checkpoint.compatibility import check_resumable
 from .checkpoint.data_position import DataPosition
 from .checkpoint.loop_state import loop_state, restore_loop_state
+from .devices import check_contexts, split_batch
 from .distributed.servers import is_distributed
 from .distributed.workers import (
     agree_to_stop,
@@ -25,7 +26,7 @@ from .distributed.workers import (
     exit_after_error,
     pull_parameters,
 )
-from .executor_manager import DataParallelExecutorManager, check_contexts, split_batch
+from .executor_manager import DataParallelExecutorManager
 from .extensions.base import Extension
 from .extensions.dispatch import HookDispatcher, check_extensions
 from .extensions.monitoring import private_heads

@@ -18,6 +18,7 @@ TOP_LEVEL = {
     "cli",
     "compat",
     "errors",
+    "devices",
     "executor_manager",
     "private_heads",
     "fused_updater",
@@ -144,6 +145,23 @@ def test_old_module_paths_still_import_with_a_warning_naming_the_new_one(old, ne
     with pytest.warns(DeprecationWarning, match=new.replace(".", r"\.")):
         module = importlib.import_module(old)
     assert module is importlib.import_module(new)
+
+
+@pytest.mark.parametrize(
+    "name, home",
+    [
+        ("check_contexts", "mxoid.devices"),
+        ("forward_work_load", "mxoid.devices"),
+        ("one_random_generator", "mxoid.devices"),
+        ("split_batch", "mxoid.devices"),
+        ("COUNTING_SUFFIX", "mxoid.private_heads"),
+        ("RUNNING_SUMS_PREFIX", "mxoid.private_heads"),
+    ],
+)
+def test_names_that_left_the_executor_manager_still_import_from_it(name, home):
+    from mxoid import executor_manager
+
+    assert getattr(executor_manager, name) is getattr(importlib.import_module(home), name)
 
 
 def test_python_dash_m_mxoid_launch_still_runs():

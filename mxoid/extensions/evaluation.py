@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 import mxnet as mx
 
-from ..executor_manager import forward_work_load, split_batch
+from ..devices import forward_work_load, split_batch
 from ..metrics import Metric, MetricAccumulator, label_for_output, per_row_head
 from ..metrics.head import dtypes_of
 from ..pacing import Pacer

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Unio
 
 import mxnet as mx
 
-from ..executor_manager import one_random_generator
+from ..devices import one_random_generator
 from ..log.records import MONITOR_PREFIX
 from .base import Extension
 
@@ -60,7 +60,7 @@ class Monitor(Extension):
     (:meth:`~mxoid.DataParallelExecutorManager.bind_twins`), and only the
     monitored batches run on the twins. But a twin's random operators
     (``Dropout``) draw from the executor's generators only where MXNet keeps
-    one for the CPU (:func:`~mxoid.executor_manager.one_random_generator`).
+    one for the CPU (:func:`~mxoid.devices.one_random_generator`).
     Elsewhere (GPUs, ``MXNET_CPU_PARALLEL_RAND_COPY`` > 1) the callback sits on
     the first training executor, as ``Module.fit`` installs ``mx.mon.Monitor``:
     that executor then runs its operators one at a time, calling the callback

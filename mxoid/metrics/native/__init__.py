@@ -42,7 +42,7 @@ from typing import List, Optional, Sequence
 
 import mxnet as mx
 
-from ...executor_manager import one_random_generator
+from ...devices import one_random_generator
 
 __all__ = [
     "OP_NAME",
