@@ -29,7 +29,7 @@ from .distributed.workers import (
 from .executor_manager import DataParallelExecutorManager
 from .extensions.base import Extension
 from .extensions.dispatch import HookDispatcher, check_extensions
-from .extensions.monitoring import private_heads
+from .extensions.monitoring import private_heads, training_pass_reader
 from .extensions.saveload import Checkpoint
 from .initialization import initial_params
 from .interrupt import (
@@ -434,6 +434,7 @@ class MainLoop:
         step = self._step_function()
         before_batch = self.dispatcher.runner("before_batch")
         after_batch = self.dispatcher.runner("after_batch")
+        read_training_pass = training_pass_reader(self.dispatcher.extensions)
         queued = self._pacer.queued if self._pacer is not None else None
         trained = status.iterations_done_in_epoch
         for batch in self.train_data:
@@ -443,6 +444,8 @@ class MainLoop:
             manager.load_data_batch(batch)
             manager.forward(is_train=True)
             manager.backward()
+            if read_training_pass is not None:  # before any hook can evaluate
+                read_training_pass()
             step()
             if queued is not None:
                 queued()  # at most max_batches_ahead batches in flight

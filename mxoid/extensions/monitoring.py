@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import mxnet as mx
 
@@ -22,7 +22,7 @@ from .metrics_extension import MetricsSpec as MetricsSpec
 if TYPE_CHECKING:  # pragma: no cover
     from ..main_loop import MainLoop
 
-__all__ = ["TrainingMonitoring", "private_heads"]
+__all__ = ["TrainingMonitoring", "private_heads", "training_pass_reader"]
 
 
 class TrainingMonitoring(MetricsExtension):
@@ -130,10 +130,16 @@ class TrainingMonitoring(MetricsExtension):
             contexts=contexts,
         )
 
-    def after_batch(self, batch: Any) -> None:
-        """Add the batch to the running sums (no host sync), then fire if a condition holds."""
+    def read_training_pass(self) -> None:
+        """Add the batch just trained to the running sums (no host sync).
+
+        The loop calls it right after each batch's forward and backward passes,
+        before the update and before any hook: an evaluation in a hook (an
+        ``Evaluate`` at the training batch size runs on the training executors,
+        others share their memory) replaces the outputs, the values of the
+        private head and the padding that this reads.
+        """
         self.accumulator.update()
-        super().after_batch(batch)
 
     def state_dict(self) -> Dict[str, Any]:
         """Return the running sums since the last write: a resumed run writes the same records."""
@@ -187,3 +193,26 @@ def private_heads(
             if head is not None:
                 heads.append((extension, head))
     return heads
+
+
+def training_pass_reader(extensions: Sequence[Extension]) -> Optional[Callable[[], None]]:
+    """Return what the loop calls after each batch's training pass (None: nothing to call).
+
+    Each attached :class:`TrainingMonitoring` among ``extensions`` adds the
+    batch to its running sums (:meth:`TrainingMonitoring.read_training_pass`).
+    """
+    reads = [
+        e.read_training_pass
+        for e in extensions
+        if isinstance(e, TrainingMonitoring) and e.accumulator is not None
+    ]
+    if not reads:
+        return None
+    if len(reads) == 1:
+        return reads[0]
+
+    def read_all() -> None:
+        for read in reads:
+            read()
+
+    return read_all

@@ -471,3 +471,87 @@ def test_a_metric_given_twice_for_an_output_is_refused():
         two_head_loop(
             [TrainingMonitoring({"softmax": ["acc", "accuracy"]}), FinishAfter(after_n_epochs=1)]
         )
+
+
+# ------------------------------- evaluations in the hooks after the training pass
+class EvaluateEveryBatch(Extension):
+    """Evaluates on the loop's executors in a hook after every training pass."""
+
+    def __init__(self, how, hook="after_batch"):
+        super().__init__(**{hook: True})
+        self.how = how
+
+    def do(self, which_callback, *args):
+        loop = self.main_loop
+        valid = iterator(*dataset("valid", 47), 20 if self.how.endswith("20") else 7)
+        if self.how.startswith("score"):  # a host metric: the training executors at 20
+            loop.score(valid, {"softmax": mx.metric.Accuracy()})
+        elif self.how.startswith("evaluate"):  # the device metrics, in the evaluation graph
+            loop.score(valid, {"softmax": ["acc", "ce"], "reg": "mse"})
+        else:
+            loop.predict(valid)
+
+
+class RecordBeforeTheHooks(OutputRecorder):
+    """Records each batch's outputs in ``after_update``, before the hooks after it."""
+
+    def after_update(self):
+        super().after_batch(None)
+        self.batches[-1]["iteration"] += 1  # counted after the update
+
+    def after_batch(self, batch):
+        pass
+
+
+@pytest.mark.parametrize("contexts", [[mx.cpu(0)], TWO_CPUS], ids=["1ctx", "2ctx"])
+@pytest.mark.parametrize(
+    "how, hook",
+    [
+        ("score-20", "after_batch"),
+        ("evaluate-7", "after_batch"),
+        ("predict-20", "after_batch"),
+        ("score-20", "after_update"),
+    ],
+)
+def test_training_metrics_ignore_evaluations_in_hooks_after_the_training_pass(contexts, how, hook):
+    # An evaluation at the training batch size runs on the training executors, one at
+    # another size on executors sharing their memory: both replace the outputs, the
+    # private head's values and the padding of the batch just trained. The training
+    # metrics are those of the training passes all the same (90 rows: a padded last batch).
+    X, y = dataset("train", 90)
+    recorder = RecordBeforeTheHooks()  # first in the list: before the evaluation
+    monitoring = TrainingMonitoring(
+        {"softmax": ["acc", "ce", mx.metric.TopKAccuracy(top_k=3)], "reg": "mse"}
+    )
+    net = two_heads()
+    loop = MainLoop(
+        net,
+        iterator(X, y, 20),
+        contexts=contexts,
+        optimizer_params=dict(LEARNING),
+        arg_params=initial_params(net, (20, 10)),
+        extensions=[
+            recorder,
+            EvaluateEveryBatch(how, hook),
+            monitoring,
+            FinishAfter(after_n_epochs=2),
+        ],
+    )
+    loop.run()
+    for end in (5, 10):
+        window = [b for b in recorder.batches if end - 5 < b["iteration"] <= end]
+        prob = np.concatenate([b["prob"] for b in window]).astype("float64")
+        labels = np.concatenate([b["y"] for b in window]).astype(int)
+        reg = np.concatenate([b["reg"] for b in window])[:, 0].astype("float64")
+        target = np.concatenate([b["t"] for b in window])
+        top_3 = mx.metric.TopKAccuracy(top_k=3)  # on the host, from the outputs
+        for b in window:
+            top_3.update([mx.nd.array(b["y"])], [mx.nd.array(b["prob"])])
+        row = loop.log[end]
+        assert row["train_softmax_accuracy"] == pytest.approx(
+            np.mean(prob.argmax(axis=1) == labels), abs=1e-12
+        )
+        expected = np.mean(-np.log(prob[np.arange(len(labels)), labels] + 1e-12))
+        assert row["train_softmax_cross_entropy"] == pytest.approx(expected, rel=1e-5)
+        assert row["train_softmax_top_k_accuracy_3"] == top_3.get()[1]
+        assert row["train_reg_mse"] == pytest.approx(np.mean((target - reg) ** 2), rel=1e-5)
