@@ -41,6 +41,11 @@ def output_short_name(name: str) -> str:
 class OutputArrays(dict):
     """The outputs of the last batch: output name -> one NDArray per device.
 
+    The last forward pass's: an evaluation on these executors (at the training
+    batch size), or on executors sharing their memory (other sizes), replaces
+    them. An extension that reads a training batch's outputs reads them before
+    any evaluation of that batch's hooks (earlier in the list, or a hook before).
+
     Keys are output names without the ``_output`` suffix (``'softmax'``);
     the full name (``'softmax_output'``) is accepted as well.
     """
