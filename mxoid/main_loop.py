@@ -29,6 +29,7 @@ from .distributed.workers import (
 from .executor_manager import DataParallelExecutorManager
 from .extensions.base import Extension
 from .extensions.dispatch import HookDispatcher, check_extensions
+from .extensions.metrics_extension import check_distinct_records
 from .extensions.monitoring import private_heads, training_pass_reader
 from .extensions.saveload import Checkpoint
 from .initialization import initial_params
@@ -301,6 +302,7 @@ class MainLoop:
             self.dispatcher = HookDispatcher(self.extensions, rank=self.status.rank)
             for extension in self.extensions:
                 extension.attach(self)
+            check_distinct_records(self.extensions)
             if checkpoint is not None:
                 self.load_state_dict(checkpoint)
         except BaseException as error:

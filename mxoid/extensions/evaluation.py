@@ -110,6 +110,11 @@ class Evaluate(MetricsExtension):
         self._records: Dict[str, List[str]] = {}
         self._pacers: Dict[str, Optional[Pacer]] = {}
 
+    @property
+    def record_names(self) -> List[str]:
+        """The names of the records the extension writes (known once attached)."""
+        return [record for records in self._records.values() for record in records]
+
     def _bind(self, loop: MainLoop) -> None:
         bound = self._metrics_on_outputs(loop)
         single = len(loop.manager.output_names) == 1

@@ -11,7 +11,7 @@ from .base import Extension
 if TYPE_CHECKING:  # pragma: no cover
     from ..main_loop import MainLoop
 
-__all__ = ["MetricsExtension", "MetricsSpec"]
+__all__ = ["MetricsExtension", "MetricsSpec", "check_distinct_records"]
 
 MetricsSpec = Union[
     MetricLike, Sequence[MetricLike], Mapping[str, Union[MetricLike, Sequence[MetricLike]]]
@@ -111,5 +111,33 @@ class MetricsExtension(Extension):
     def _bind(self, loop: MainLoop) -> None:
         raise NotImplementedError
 
+    @property
+    def record_names(self) -> List[str]:
+        """The names of the records the extension writes (known once attached; none here)."""
+        return []
+
     def _metrics_on_outputs(self, loop: MainLoop) -> List[Tuple[str, Metric]]:
         return _bind_outputs(self._keyed, self._parsed, loop.manager.output_names)
+
+
+def check_distinct_records(extensions: Sequence[Extension]) -> None:
+    """Raise ValueError where two metric extensions of a loop would write the same records.
+
+    One would replace the other's values in the rows both write, and the log
+    would hold values of two meanings (over an epoch, over N batches, over
+    another iterator) under one name.
+    """
+    writers: dict = {}
+    for extension in extensions:
+        if not isinstance(extension, MetricsExtension):
+            continue
+        for record in extension.record_names:
+            first = writers.setdefault(record, extension)
+            if first is not extension:
+                shared = sorted(set(first.record_names) & set(extension.record_names))
+                raise ValueError(
+                    f"{first.name} and {extension.name} would both write the records "
+                    f"{shared}; give one of them another prefix: "
+                    "TrainingMonitoring(..., prefix='train_window'), or another iterator "
+                    "name, Evaluate({'valid_full': iterator}, ...)"
+                )

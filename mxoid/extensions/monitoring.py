@@ -41,10 +41,11 @@ class TrainingMonitoring(MetricsExtension):
     written as records and reset only when the extension fires: at the end of
     each epoch and, with ``every_n_batches``, every N batches. Each write
     covers the batches since the previous write (or the start of training).
-    Records are named ``train_<output>_<metric>``, or ``train_<metric>`` when
-    the symbol has one output; values are means over the real samples of
-    those batches (padding never counts), computed on the outputs of the
-    training forward pass (``is_train=True``: with dropout, for instance).
+    Records are named ``<prefix>_<output>_<metric>``, or ``<prefix>_<metric>``
+    when the symbol has one output (``prefix`` is ``'train'`` unless given);
+    values are means over the real samples of those batches (padding never
+    counts), computed on the outputs of the training forward pass
+    (``is_train=True``: with dropout, for instance).
 
     ``mx.metric.EvalMetric`` objects and functions are accepted too, but they
     are computed on the host and synchronize every batch.
@@ -55,6 +56,10 @@ class TrainingMonitoring(MetricsExtension):
         As for :class:`Evaluate`.
     every_n_batches : int, optional
         Also write every N batches.
+    prefix : str
+        The start of the record names (``'train'``). Two metric extensions of a
+        loop may not write the same records: a second TrainingMonitoring over
+        windows of N batches beside one over epochs needs another prefix.
     **kwargs
         Other firing conditions and options of :class:`Extension`;
         ``after_epoch=True`` by default.
@@ -75,17 +80,24 @@ class TrainingMonitoring(MetricsExtension):
     """
 
     def __init__(
-        self, metrics: MetricsSpec, every_n_batches: Optional[int] = None, **kwargs: Any
+        self,
+        metrics: MetricsSpec,
+        every_n_batches: Optional[int] = None,
+        prefix: str = "train",
+        **kwargs: Any,
     ) -> None:
+        if not isinstance(prefix, str) or not prefix:
+            raise ValueError(f"prefix starts the record names, a non-empty string; got {prefix!r}")
         kwargs.setdefault("after_epoch", True)
         super().__init__(metrics, every_n_batches=every_n_batches, **kwargs)
+        self.prefix = prefix
         self.accumulator: Optional[MetricAccumulator] = None
         self._records: List[str] = []
         self._running_sums: Optional[str] = None  # the name of its head's running sums
 
     def _bind(self, loop: MainLoop) -> None:
         bound = self._metrics_on_outputs(loop)
-        self._records = _record_names("train", bound, len(loop.manager.output_names) == 1)
+        self._records = _record_names(self.prefix, bound, len(loop.manager.output_names) == 1)
         head = loop.private_outputs(self)
         running_sums = loop.manager.running_sums.get(self._running_sums) if head else None
         try:
@@ -129,6 +141,11 @@ class TrainingMonitoring(MetricsExtension):
             input_types,
             contexts=contexts,
         )
+
+    @property
+    def record_names(self) -> List[str]:
+        """The names of the records the extension writes (known once attached)."""
+        return list(self._records)
 
     def read_training_pass(self) -> None:
         """Add the batch just trained to the running sums (no host sync).

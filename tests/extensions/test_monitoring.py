@@ -555,3 +555,54 @@ def test_training_metrics_ignore_evaluations_in_hooks_after_the_training_pass(co
         assert row["train_softmax_cross_entropy"] == pytest.approx(expected, rel=1e-5)
         assert row["train_softmax_top_k_accuracy_3"] == top_3.get()[1]
         assert row["train_reg_mse"] == pytest.approx(np.mean((target - reg) ** 2), rel=1e-5)
+
+
+# ------------------------------------------------- two extensions, one record name
+def test_two_metric_extensions_writing_the_same_records_are_refused_naming_both():
+    X, y = dataset("train", 100)
+    epochs = TrainingMonitoring({"softmax": ["acc", "ce"]}, name="epochs")
+    windows = TrainingMonitoring({"softmax": "ce"}, every_n_batches=3, name="windows")
+    with pytest.raises(ValueError) as raised:
+        two_head_loop([epochs, windows, FinishAfter(after_n_epochs=1)], iterator(X, y, 20))
+    message = str(raised.value)
+    assert "epochs and windows" in message and "['train_softmax_cross_entropy']" in message
+    assert "prefix=" in message
+    valid = iterator(*dataset("valid"), 20)
+    with pytest.raises(ValueError, match=r"e1 and e2 would both write .*'valid_softmax_accuracy'"):
+        two_head_loop(
+            [
+                Evaluate({"valid": valid}, {"softmax": "acc"}, name="e1"),
+                Evaluate({"valid": valid}, {"softmax": "acc"}, name="e2", every_n_batches=2),
+                FinishAfter(after_n_epochs=1),
+            ],
+            iterator(X, y, 20),
+        )
+
+
+def test_a_second_training_monitoring_with_its_own_prefix_writes_its_windows_beside():
+    # Its records equal MXNet's metric over each window of 3 batches, and the epoch
+    # records stay those of the whole epoch.
+    X, y = dataset("train", 100)
+    recorder = OutputRecorder()
+    epochs = TrainingMonitoring({"softmax": ["acc", "ce"]})
+    windows = TrainingMonitoring({"softmax": "acc"}, every_n_batches=3, prefix="window")
+    loop = two_head_loop(
+        [recorder, epochs, windows, FinishAfter(after_n_epochs=1)], iterator(X, y, 20)
+    )
+    loop.run()
+    assert [i for i, row in loop.log.items() if "window_softmax_accuracy" in row] == [3, 5]
+    for start, end in ((0, 3), (3, 5)):
+        accuracy = mx.metric.Accuracy()
+        for b in recorder.batches[start:end]:
+            accuracy.update([mx.nd.array(b["y"])], [mx.nd.array(b["prob"])])
+        assert loop.log[end]["window_softmax_accuracy"] == accuracy.get()[1]
+    accuracy = mx.metric.Accuracy()
+    for b in recorder.batches:
+        accuracy.update([mx.nd.array(b["y"])], [mx.nd.array(b["prob"])])
+    assert loop.log[5]["train_softmax_accuracy"] == accuracy.get()[1]
+
+
+@pytest.mark.parametrize("prefix", ["", None, 3])
+def test_an_empty_or_non_string_prefix_is_refused(prefix):
+    with pytest.raises(ValueError, match="prefix starts the record names"):
+        TrainingMonitoring("acc", prefix=prefix)
