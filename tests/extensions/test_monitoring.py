@@ -3,7 +3,7 @@
 import mxnet as mx
 import numpy as np
 import pytest
-from conftest import TWO_CPUS, initial_params, mlp, two_heads
+from conftest import TWO_CPUS, classification_data, initial_params, mlp, two_heads
 from monitored import (
     LEARNING,
     Check,
@@ -606,3 +606,58 @@ def test_a_second_training_monitoring_with_its_own_prefix_writes_its_windows_bes
 def test_an_empty_or_non_string_prefix_is_refused(prefix):
     with pytest.raises(ValueError, match="prefix starts the record names"):
         TrainingMonitoring("acc", prefix=prefix)
+
+
+def _batchnorm_dropout_net():
+    data = mx.sym.var("data")
+    net = mx.sym.FullyConnected(data, num_hidden=16, name="fc1")
+    net = mx.sym.BatchNorm(net, fix_gamma=False, name="bn1")
+    net = mx.sym.Dropout(mx.sym.Activation(net, act_type="relu"), p=0.5)
+    net = mx.sym.FullyConnected(net, num_hidden=3, name="fc2")
+    return mx.sym.SoftmaxOutput(net, name="softmax")
+
+
+@pytest.mark.parametrize("contexts", [[mx.cpu(0)], TWO_CPUS], ids=["1ctx", "2ctx"])
+def test_batchnorm_dropout_training_metrics_are_the_same_with_an_evaluation_before_them(contexts):
+    # Evaluate at the training batch size after every batch, its hook before
+    # TrainingMonitoring's: the records and the parameters are those of the loop
+    # without it (Dropout's masks come from the same seed; 90 rows: a padded last batch).
+    X, y = classification_data(n=90, seed=3)
+    valid_X, valid_y = classification_data(n=47, seed=4)
+    net = _batchnorm_dropout_net()
+
+    def run(evaluate):
+        mx.random.seed(11)
+        train = mx.io.NDArrayIter(X, y, batch_size=20, label_name="softmax_label")
+        valid = mx.io.NDArrayIter(valid_X, valid_y, batch_size=20, label_name="softmax_label")
+        extensions = [Evaluate({"valid": valid}, ["acc"], every_n_batches=1)] if evaluate else []
+        loop = MainLoop(
+            net,
+            train,
+            contexts=contexts,
+            optimizer_params=dict(LEARNING),
+            arg_params=initial_params(net, (20, 10)),
+            extensions=extensions
+            + [TrainingMonitoring(["acc", "ce"]), FinishAfter(after_n_epochs=2)],
+        )
+        loop.run()
+        records = [
+            (i, r["train_accuracy"], r["train_cross_entropy"])
+            for i, r in loop.log.items()
+            if "train_accuracy" in r
+        ]
+        return records, loop.manager.get_params()
+
+    records, (args, auxs) = run(evaluate=False)
+    evaluated_records, (evaluated_args, evaluated_auxs) = run(evaluate=True)
+    assert [i for i, *_ in records] == [5, 10]
+    assert evaluated_records == records
+    for name, array in args.items():
+        np.testing.assert_array_equal(evaluated_args[name].asnumpy(), array.asnumpy(), name)
+    # On two devices each evaluation first averages the devices' moving statistics (as
+    # Module.fit's set_params does at epoch ends); the moving average is linear, so the
+    # final average is the same up to float32 rounding.
+    for name, array in auxs.items():
+        np.testing.assert_allclose(
+            evaluated_auxs[name].asnumpy(), array.asnumpy(), rtol=1e-6, atol=1e-7, err_msg=name
+        )
