@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..executor_manager import output_short_name
 from ..metrics import Metric, MetricLike, Reducer, create_metrics
@@ -127,7 +127,7 @@ def check_distinct_records(extensions: Sequence[Extension]) -> None:
     would hold values of two meanings (over an epoch, over N batches, over
     another iterator) under one name.
     """
-    writers: dict = {}
+    writers: Dict[str, MetricsExtension] = {}
     for extension in extensions:
         if not isinstance(extension, MetricsExtension):
             continue
