@@ -29,13 +29,14 @@ same order of samples, same next batch. How depends on the iterator:
 
 from __future__ import annotations
 
+import os
 import warnings
 from typing import Any, Dict, List, Optional
 
 import mxnet as mx
 import numpy as np
 
-from .format import ResumeError
+from .format import LOOP_STATE, CheckpointError, ResumeError
 from .random_state import get_random_states, set_random_states
 
 __all__ = ["DETERMINISTIC_RESETS", "DataPosition", "batches_per_epoch"]
@@ -109,10 +110,13 @@ class DataPosition:
         return {"kind": "replay", "epoch_start_random": self._epoch_start_random, "shapes": shapes}
 
     def check(self, state: Dict[str, Any], where: str) -> None:
-        """Raise ``ValueError`` when this iterator is not the one of ``state``.
+        """Raise when this iterator cannot continue from ``state``, saved in checkpoint ``where``.
 
-        That is: other inputs or shapes, another kind, or (``NDArrayIter``)
-        another number of samples.
+        :class:`ResumeError` when the iterator is not the one of ``state``:
+        other inputs or shapes, another kind, or (``NDArrayIter``) another
+        number of samples. :class:`CheckpointError` when ``state`` contradicts
+        itself (an ``NDArrayIter``'s order that is not one of its samples, a
+        cursor outside them): the checkpoint is damaged.
         """
 
         def refuse(what: str) -> None:
@@ -129,9 +133,15 @@ class DataPosition:
         if state["kind"] == "ndarrayiter" and kind != "ndarrayiter":
             refuse(f"it was an mx.io.NDArrayIter, this is a {type(self.iterator).__name__}")
         if kind == "ndarrayiter" and state["kind"] == "ndarrayiter":
-            saved = state.get("num_data", len(state["idx"]))
+            saved = state.get("num_data", len(state.get("idx") or ()))
             if saved != self.iterator.num_data:
                 refuse(f"it had {saved} samples, this iterator has {self.iterator.num_data}")
+            problem = _ndarrayiter_problem(state, saved, self.iterator.batch_size)
+            if problem is not None:
+                raise CheckpointError(
+                    f"checkpoint file {os.path.join(where, LOOP_STATE)} is damaged: its "
+                    f"'data_position.{problem}; use an earlier checkpoint"
+                )
 
     def restore(
         self,
@@ -207,6 +217,31 @@ class DataPosition:
         self._epoch_start_random = epoch_start_random
         for _ in range(skips):
             next(it)
+
+
+def _ndarrayiter_problem(state: Dict[str, Any], num_data: int, batch_size: int) -> Optional[str]:
+    """Return what is inconsistent in an ``NDArrayIter``'s saved position, naming the field."""
+
+    def permutation(values: Any) -> bool:
+        return (
+            isinstance(values, list)
+            and len(values) == num_data
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+            and sorted(values) == list(range(num_data))
+        )
+
+    if not permutation(state.get("idx")):
+        return f"idx' is not an order of the iterator's {num_data} samples"
+    if state.get("order") is not None and not permutation(state["order"]):
+        return f"order' is not an order of the iterator's {num_data} samples"
+    cursor = state.get("cursor")
+    if (
+        not isinstance(cursor, int)
+        or isinstance(cursor, bool)
+        or not -batch_size <= cursor < num_data + batch_size
+    ):
+        return f"cursor' is {cursor!r}, outside the iterator's {num_data} samples"
+    return None
 
 
 def _take(array: Any, order: np.ndarray) -> Any:

@@ -25,7 +25,7 @@ import os
 import shutil
 import socket
 import warnings
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 from .format import (
     CANNOT_WRITE,
@@ -36,6 +36,8 @@ from .format import (
     TEMPORARY_NAME,
     CheckpointContents,
     CheckpointError,
+    CheckpointVanished,
+    fix_for,
     read_checkpoint,
     unique_token,
 )
@@ -47,9 +49,12 @@ __all__ = [
     "is_checkpoint_folder",
     "latest_checkpoint",
     "list_checkpoints",
+    "newest_whole",
     "next_sequence",
     "remove_checkpoint",
 ]
+
+T = TypeVar("T")
 
 LOCK = ".mxoid-lock"
 LOCKED = (
@@ -109,19 +114,63 @@ def is_checkpoint_folder(path: str) -> bool:
     )
 
 
+def newest_whole(
+    directory: str,
+    read: Callable[[str], T],
+    folders: Callable[[List[str]], List[str]] = lambda found: found,
+) -> Tuple[Optional[T], Dict[str, CheckpointError]]:
+    """Return ``read(folder)`` of the newest checkpoint folder it succeeds on, and the damaged ones.
+
+    ``read`` raises :class:`CheckpointError` for a damaged folder: the next
+    older one is tried. A folder removed while it is read
+    (:class:`CheckpointVanished`: the run writing into the directory pruned
+    it, so a newer one is there) sends the search back to the newest, listed
+    anew. ``folders`` picks among the listed folders (oldest first).
+
+    Returns
+    -------
+    result : T or None
+        None when no folder could be read.
+    damaged : dict of str to CheckpointError
+        Each damaged folder's error, in the order met.
+    """
+    damaged: Dict[str, CheckpointError] = {}
+    for _ in range(_RELISTS):
+        for folder in reversed(folders(list_checkpoints(directory))):
+            if folder in damaged:
+                continue
+            try:
+                return read(folder), damaged
+            except CheckpointVanished:
+                break  # list again: a newer checkpoint replaced it
+            except CheckpointError as error:
+                damaged[folder] = error
+        else:
+            return None, damaged
+    raise CheckpointError(
+        f"the checkpoints of {directory} were removed faster than they could be read "
+        f"({_RELISTS} times): the run writing there prunes them (keep_last) as fast as it "
+        "saves. Resume from a copy of one checkpoint folder, or after that run ends"
+    )
+
+
+_RELISTS = 10
+
+
 def latest_checkpoint(
     directory: str, *, check_finite: bool = False
 ) -> Optional[CheckpointContents]:
     """Return the newest whole checkpoint in ``directory``, or None if there is none.
 
-    Damaged or incomplete checkpoints are skipped with a warning naming the file.
+    Damaged or incomplete checkpoints are skipped with a warning naming the
+    file; one pruned while it is read gives the newest whole one again.
     """
-    for path in reversed(list_checkpoints(directory)):
-        try:
-            return read_checkpoint(path, check_finite=check_finite)
-        except CheckpointError as error:
-            warnings.warn(f"skipping a damaged checkpoint: {error}", stacklevel=2)
-    return None
+    contents, damaged = newest_whole(
+        directory, lambda folder: read_checkpoint(folder, check_finite=check_finite)
+    )
+    for error in damaged.values():
+        warnings.warn(f"skipping a damaged checkpoint: {error}", stacklevel=2)
+    return contents
 
 
 # ------------------------------------------------------------ deleting, cleaning
@@ -221,7 +270,7 @@ class DirectoryLock:
             CANNOT_WRITE.format(
                 path=self.directory,
                 cause=f"{error.strerror} ({error.filename or self.path})",
-                fix="make it writable, or point Checkpoint at another folder",
+                fix=fix_for(error, "make it writable, or point Checkpoint at another folder"),
             )
         )
 
@@ -273,17 +322,22 @@ def find_checkpoint(
             f"resume_from={os.fspath(resume_from)!r} is a file, not a checkpoint "
             "directory or folder"
         )
-    folders = list_checkpoints(path)
-    if not folders:
+    if not list_checkpoints(path):
         warnings.warn(NO_CHECKPOINT_YET.format(path=os.fspath(resume_from)), stacklevel=3)
         return None
-    errors: List[str] = []
-    for folder in reversed(folders):
-        try:
-            contents = read_checkpoint(folder, check_finite=True)
-            check(contents)
-            return contents
-        except CheckpointError as error:
-            errors.append(f"- {error}")
+
+    def read_and_check(folder: str) -> CheckpointContents:
+        contents = read_checkpoint(folder, check_finite=True)
+        check(contents)
+        return contents
+
+    damaged: Dict[str, CheckpointError] = {}
+    try:
+        contents, damaged = newest_whole(path, read_and_check)
+    finally:  # a ResumeError of an older checkpoint comes after the newer ones' damage
+        for error in damaged.values():
             warnings.warn(f"skipping a damaged checkpoint: {error}", stacklevel=3)
-    raise CheckpointError(ALL_DAMAGED.format(path=path, errors="\n".join(errors)))
+    if contents is None:
+        errors = "\n".join(f"- {error}" for error in damaged.values())
+        raise CheckpointError(ALL_DAMAGED.format(path=path, errors=errors))
+    return contents

@@ -46,12 +46,14 @@ import mxnet as mx
 import numpy as np
 
 from ..errors import clean_mxnet_message
+from .random_state import check_random_states
 
 __all__ = [
     "FORMAT_VERSION",
     "LOOP_STATE_KEYS",
     "CheckpointContents",
     "CheckpointError",
+    "CheckpointVanished",
     "ResumeError",
     "checkpoint_name",
     "read_checkpoint",
@@ -92,6 +94,15 @@ class CheckpointError(ValueError):
     """A checkpoint is incomplete, damaged or cannot be written; the message names the file."""
 
 
+class CheckpointVanished(CheckpointError):
+    """A checkpoint folder was removed while it was read.
+
+    The run writing into its directory pruned it (``keep_last``) or replaced
+    it (``best``): a newer checkpoint is there, and reading the directory
+    again finds it.
+    """
+
+
 class ResumeError(ValueError):
     """The checkpoint is whole, but not of this training.
 
@@ -113,17 +124,13 @@ class CheckpointContents:
     gradients: Optional[Dict[str, mx.nd.NDArray]] = None
     """The gradients summed so far in a group of ``accumulate_batches``, by
     ``'<device>:<parameter>'``; None when the checkpoint is at a group's end."""
+    symbol_json: str = ""
+    """The network's symbol as JSON, as the folder held it when it was read."""
 
     @property
     def run_id(self) -> Optional[str]:
         """The run that wrote this checkpoint (None for checkpoints of mxoid 0.1)."""
         return self.manifest.get("run_id")
-
-    @property
-    def symbol_json(self) -> str:
-        """The network's symbol as JSON, read from the checkpoint folder."""
-        with open(os.path.join(self.path, f"{PREFIX}-symbol.json")) as handle:
-            return handle.read()
 
 
 def checkpoint_name(sequence: int, epochs_done: int, iterations_done: int) -> str:
@@ -262,22 +269,28 @@ def _write_failure(path: str, temporary: str, error: BaseException, size: int) -
         error = _probe_write(temporary, size) or error
         shutil.rmtree(temporary, ignore_errors=True)
     if isinstance(error, OSError):
-        code = error.errno
         cause = f"{error.strerror or error} ({error.filename or path})"
-        fixes = {
-            errno.ENOSPC: "free disk space or point Checkpoint at another disk",
-            errno.EDQUOT: "free space within your disk quota",
-            errno.EFBIG: "raise the file size limit (ulimit -f)",
-            errno.EROFS: "the file system is read-only: point Checkpoint at a writable folder",
-            errno.EACCES: "make the folder writable, or point Checkpoint at another folder",
-            errno.EPERM: "make the folder writable, or point Checkpoint at another folder",
-            errno.EEXIST: "move the file that is in the way",
-            errno.ENOTDIR: "a file stands where a folder is needed: move it away",
-        }
-        fix = fixes.get(code, "fix the cause, then resume from the previous checkpoint")
+        fix = fix_for(error, "fix the cause, then resume from the previous checkpoint")
     else:
         cause, fix = clean_mxnet_message(error), "fix the cause, then resume"
     return CANNOT_WRITE.format(path=path, cause=cause, fix=fix)
+
+
+_FIXES = {
+    errno.ENOSPC: "free disk space or point Checkpoint at another disk",
+    errno.EDQUOT: "free space within your disk quota",
+    errno.EFBIG: "raise the file size limit (ulimit -f)",
+    errno.EROFS: "the file system is read-only: point Checkpoint at a writable folder",
+    errno.EACCES: "make the folder writable, or point Checkpoint at another folder",
+    errno.EPERM: "make the folder writable, or point Checkpoint at another folder",
+    errno.EEXIST: "move the file that is in the way",
+    errno.ENOTDIR: "a file stands where a folder is needed: move it away",
+}
+
+
+def fix_for(error: OSError, otherwise: str) -> str:
+    """Return what to do about ``error``, met writing a checkpoint; ``otherwise`` when unknown."""
+    return _FIXES.get(error.errno, otherwise)
 
 
 def _probe_write(folder: str, size: int) -> Optional[OSError]:
@@ -370,62 +383,96 @@ def read_checkpoint(path: str, *, check_finite: bool = False) -> CheckpointConte
 
     Every file must match the manifest, the loop state must have every part
     resumption needs, the optimizer states must load, and with
-    ``check_finite`` every parameter must be finite.
+    ``check_finite`` every parameter must be finite. Everything is read once:
+    the contents returned are the folder's as it was, even if it is removed
+    afterwards.
 
     Raises
     ------
+    CheckpointVanished
+        When the folder is removed while it is read (a run pruning its
+        directory): a newer checkpoint is there.
     CheckpointError
         When a file is missing, truncated, altered, malformed or unreadable;
         the message names it.
     """
+    try:
+        return _read_folder(path, check_finite)
+    except (OSError, CheckpointError) as error:
+        if not os.path.isdir(path):
+            raise CheckpointVanished(
+                f"checkpoint {path} was removed while it was read (the run writing into "
+                "its directory pruned or replaced it); read the directory again for "
+                "its newest checkpoint"
+            ) from None
+        if isinstance(error, OSError):
+            raise CheckpointError(
+                f"checkpoint {path} cannot be read: {error.strerror or error} "
+                f"({error.filename or path})"
+            ) from None
+        raise
+
+
+def _read_folder(path: str, check_finite: bool) -> CheckpointContents:
     manifest = read_manifest(path)
     files = manifest["files"]
     params_name = f"{PREFIX}-{manifest['epoch']:04d}.params"
-    for required in (params_name, LOOP_STATE, f"{PREFIX}-symbol.json"):
+    symbol_name = f"{PREFIX}-symbol.json"
+    for required in (params_name, LOOP_STATE, symbol_name):
         if required not in files:
             raise CheckpointError(
                 f"checkpoint {path} is damaged: its manifest does not list "
                 f"{required}; use an earlier checkpoint"
             )
+    contents = {}
     for name, expected in files.items():
         full = os.path.join(path, name)
         if not os.path.isfile(full):
             raise CheckpointError(f"checkpoint file {full} is missing")
-        if os.path.getsize(full) != expected["size"] or _sha256(full) != expected["sha256"]:
+        with open(full, "rb") as handle:
+            data = handle.read()
+        if len(data) != expected["size"] or hashlib.sha256(data).hexdigest() != expected["sha256"]:
             raise CheckpointError(
                 f"checkpoint file {full} is damaged: its size or SHA-256 "
                 "differs from the manifest; use an earlier checkpoint"
             )
-    arg_params, aux_params = _read_params(os.path.join(path, params_name), check_finite)
-    loop_state = _read_json(os.path.join(path, LOOP_STATE))
+        contents[name] = data
+    params_file = os.path.join(path, params_name)
+    arg_params, aux_params = _read_params(params_file, contents[params_name], check_finite)
+    loop_state = _parse_json(os.path.join(path, LOOP_STATE), contents[LOOP_STATE])
     _check_loop_state(os.path.join(path, LOOP_STATE), loop_state)
-    states = None
-    if OPTIMIZER_STATES in files:
-        states_file = os.path.join(path, OPTIMIZER_STATES)
-        with open(states_file, "rb") as handle:
-            states = handle.read()
-        _check_optimizer_states(states_file, states)
+    states = contents.get(OPTIMIZER_STATES)
+    if states is not None:
+        _check_optimizer_states(os.path.join(path, OPTIMIZER_STATES), states)
     gradients = None
-    if GRADIENTS in files:
-        try:
-            gradients = mx.nd.load(os.path.join(path, GRADIENTS))
-        except mx.base.MXNetError as error:
-            raise CheckpointError(
-                f"checkpoint file {os.path.join(path, GRADIENTS)} cannot be read: "
-                f"{clean_mxnet_message(error)}"
-            ) from None
-    return CheckpointContents(path, arg_params, aux_params, loop_state, states, manifest, gradients)
+    if GRADIENTS in contents:
+        gradients = _load_arrays(os.path.join(path, GRADIENTS), contents[GRADIENTS])
+    return CheckpointContents(
+        path,
+        arg_params,
+        aux_params,
+        loop_state,
+        states,
+        manifest,
+        gradients,
+        symbol_json=contents[symbol_name].decode("utf-8", errors="replace"),
+    )
+
+
+def _load_arrays(path: str, data: bytes) -> Any:
+    """Return the arrays ``mx.nd.save`` wrote into ``path``, from the bytes read from it."""
+    try:
+        return mx.nd.load_frombuffer(data)
+    except mx.base.MXNetError as error:
+        raise CheckpointError(
+            f"checkpoint file {path} cannot be read: {clean_mxnet_message(error)}"
+        ) from None
 
 
 def _read_params(
-    params_file: str, check_finite: bool
+    params_file: str, data: bytes, check_finite: bool
 ) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
-    try:
-        saved = mx.nd.load(params_file)
-    except mx.base.MXNetError as error:
-        raise CheckpointError(
-            f"checkpoint file {params_file} cannot be read: {clean_mxnet_message(error)}"
-        ) from None
+    saved = _load_arrays(params_file, data)
     if not isinstance(saved, dict) or not all(k.startswith(("arg:", "aux:")) for k in saved):
         raise CheckpointError(
             f"checkpoint file {params_file} is damaged: it does not hold "
@@ -445,24 +492,61 @@ def _read_params(
 
 
 def _check_loop_state(path: str, state: Any) -> None:
+    """Raise :class:`CheckpointError` naming the field of ``loop.json`` that is malformed."""
     missing = [key for key in LOOP_STATE_KEYS if not isinstance(state, dict) or key not in state]
-    if not missing:
-        log, status = state["log"], state["status"]
-        if not (
-            isinstance(log, dict)
-            and isinstance(log.get("rows"), list)
-            and isinstance(status, dict)
-            and isinstance(status.get("iterations_done"), int)
-            and isinstance(status.get("epochs_done"), int)
-            and isinstance(state["extensions"], dict)
-            and isinstance(state["data_position"], dict)
-            and "kind" in state["data_position"]
-        ):
-            missing = ["a well-formed log, status, extensions or data_position"]
     if missing:
         raise CheckpointError(
             f"checkpoint file {path} is damaged: it lacks {missing}; use an earlier checkpoint"
         )
+    problem = _loop_state_problem(state)
+    if problem is not None:
+        raise CheckpointError(
+            f"checkpoint file {path} is damaged: {problem}; use an earlier checkpoint"
+        )
+
+
+_COUNTERS = ("iterations_done", "updates_done", "epochs_done", "iterations_done_in_epoch")
+
+
+def _loop_state_problem(state: Dict[str, Any]) -> Optional[str]:
+    """Return what is malformed in a loop state, naming the field; None when it is well formed."""
+    log, status, position = state["log"], state["status"], state["data_position"]
+    if not isinstance(log, dict) or not isinstance(log.get("rows"), list):
+        return "its 'log' is not a dict with a list of 'rows'"
+    if not all(
+        isinstance(row, list) and len(row) == 2 and _is_count(row[0]) and isinstance(row[1], dict)
+        for row in log["rows"]
+    ):
+        return "its 'log.rows' are not [iteration, {record: value}] pairs"
+    if not isinstance(status, dict):
+        return "its 'status' is not a dict"
+    for name in _COUNTERS:
+        if name in status and not _is_count(status[name]):
+            return f"its 'status.{name}' is {status[name]!r}, not a count"
+    if not _is_count(status.get("iterations_done")) or not _is_count(status.get("epochs_done")):
+        return "its 'status' lacks iterations_done or epochs_done"
+    if status.get("iterations_done_in_epoch", 0) > status["iterations_done"]:
+        return "its 'status.iterations_done_in_epoch' exceeds 'status.iterations_done'"
+    if not isinstance(state["extensions"], dict):
+        return "its 'extensions' is not a dict"
+    if not isinstance(position, dict) or "kind" not in position:
+        return "its 'data_position' is not a dict with a 'kind'"
+    for field, random_state in (
+        ("random", state["random"]),
+        ("data_position.epoch_start_random", position.get("epoch_start_random")),
+    ):
+        if field == "random" or random_state is not None:
+            problem = check_random_states(random_state)
+            if problem is not None:
+                return f"its '{field}' is malformed: {problem}"
+    seed = state.get("mxnet_seed")
+    if seed is not None and not _is_count(seed):
+        return f"its 'mxnet_seed' is {seed!r}, not an int >= 0"
+    return None
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _check_optimizer_states(path: str, states: bytes) -> None:
@@ -489,9 +573,17 @@ def _check_optimizer_states(path: str, states: bytes) -> None:
 # ------------------------------------------------------------------- helpers
 def _read_json(path: str) -> Any:
     try:
-        with open(path) as handle:
-            return json.load(handle)
-    except (OSError, ValueError) as error:
+        with open(path, "rb") as handle:
+            data = handle.read()
+    except OSError as error:
+        raise CheckpointError(f"checkpoint file {path} cannot be read: {error}") from None
+    return _parse_json(path, data)
+
+
+def _parse_json(path: str, data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError as error:
         raise CheckpointError(f"checkpoint file {path} is damaged: {error}") from None
 
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import mxnet as mx
 
 from ..errors import clean_mxnet_message
-from .directory import is_checkpoint_folder, list_checkpoints
-from .format import FOLDER_NAME, PREFIX, CheckpointError, read_checkpoint
+from .directory import is_checkpoint_folder, newest_whole
+from .format import FOLDER_NAME, CheckpointContents, CheckpointError, read_checkpoint
 
 __all__ = ["checkpoint_of_epoch", "load_model", "load_params"]
 
@@ -66,9 +66,9 @@ def load_model(
     path = os.fspath(source)
     full = os.path.abspath(path)
     if is_checkpoint_folder(full):
-        return _from_checkpoint(full)
+        return _from_checkpoint(read_checkpoint(full))
     if os.path.isdir(full):
-        return _from_checkpoint(checkpoint_of_epoch(full, epoch))
+        return _from_checkpoint(_newest_of_epoch(full, epoch))
     if os.path.isfile(full):
         if need_symbol:
             raise ValueError(
@@ -83,9 +83,14 @@ def load_model(
     return symbol, arg_params, aux_params
 
 
-def _from_checkpoint(folder: str) -> Tuple[mx.sym.Symbol, Params, Params]:
-    contents = read_checkpoint(folder)
-    symbol = mx.sym.load(os.path.join(folder, f"{PREFIX}-symbol.json"))
+def _from_checkpoint(contents: CheckpointContents) -> Tuple[mx.sym.Symbol, Params, Params]:
+    try:
+        symbol = mx.sym.load_json(contents.symbol_json)
+    except mx.base.MXNetError as error:
+        raise CheckpointError(
+            f"the network of checkpoint {contents.path} cannot be read: "
+            f"{clean_mxnet_message(error)}"
+        ) from None
     return symbol, contents.arg_params, contents.aux_params
 
 
@@ -97,20 +102,22 @@ def checkpoint_of_epoch(directory: str, epoch: Optional[int] = None) -> str:
     FileNotFoundError
         When there is none (saying which were damaged).
     """
-    folders = list_checkpoints(directory)
-    if epoch is not None:
-        folders = [
-            f for f in folders if int(FOLDER_NAME.match(os.path.basename(f)).group(2)) == epoch
-        ]
-    errors = []
-    for folder in reversed(folders):
-        try:
-            read_checkpoint(folder)
-            return folder
-        except CheckpointError as error:
-            errors.append(str(error))
+    return _newest_of_epoch(directory, epoch).path
+
+
+def _newest_of_epoch(directory: str, epoch: Optional[int]) -> CheckpointContents:
+    """Read the newest whole checkpoint in ``directory`` (taken after ``epoch`` epochs), once."""
+
+    def of_epoch(folders: List[str]) -> List[str]:
+        if epoch is None:
+            return folders
+        return [f for f in folders if int(FOLDER_NAME.match(os.path.basename(f)).group(2)) == epoch]
+
+    contents, damaged = newest_whole(directory, read_checkpoint, of_epoch)
+    if contents is not None:
+        return contents
     at = "" if epoch is None else f" taken after epoch {epoch}"
-    detail = f" (damaged: {'; '.join(errors)})" if errors else ""
+    detail = f" (damaged: {'; '.join(map(str, damaged.values()))})" if damaged else ""
     raise FileNotFoundError(f"{directory!r} holds no whole mxoid checkpoint{at}{detail}")
 
 

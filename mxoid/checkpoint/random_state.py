@@ -7,11 +7,11 @@ reseeds it instead (see :class:`~mxoid.extensions.Checkpoint`).
 from __future__ import annotations
 
 import random
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import numpy as np
 
-__all__ = ["get_random_states", "seed_everything", "set_random_states"]
+__all__ = ["check_random_states", "get_random_states", "seed_everything", "set_random_states"]
 
 
 def get_random_states() -> Dict[str, Any]:
@@ -30,6 +30,31 @@ def set_random_states(state: Dict[str, Any]) -> None:
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     version, internal, gauss_next = state["python"]
     random.setstate((version, tuple(internal), gauss_next))
+
+
+def check_random_states(state: Any) -> Optional[str]:
+    """Return what is wrong with ``state`` as :func:`get_random_states` returns it; None if nothing.
+
+    The states are tried on generators of their own, so the global ones are
+    left as they are.
+    """
+    if not isinstance(state, dict) or "numpy" not in state or "python" not in state:
+        return "not a dict with the 'numpy' and 'python' states"
+    try:
+        name, keys, pos, has_gauss, cached = state["numpy"]
+        if len(keys) != 624 or not isinstance(pos, int) or not 0 <= pos <= 624:
+            return "its 'numpy' state is not MT19937's: 624 keys and a position up to 624"
+        np.random.RandomState().set_state(
+            (name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached)
+        )
+    except Exception as error:  # NumPy raises many kinds for a malformed state
+        return f"its 'numpy' state does not load ({type(error).__name__}: {error})"
+    try:
+        version, internal, gauss_next = state["python"]
+        random.Random().setstate((version, tuple(internal), gauss_next))
+    except Exception as error:
+        return f"its 'python' state does not load ({type(error).__name__}: {error})"
+    return None
 
 
 def seed_everything(seed: int) -> None:

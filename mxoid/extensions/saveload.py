@@ -46,6 +46,11 @@ OTHER_RUN = (
     "beside them (this run then never deletes them)"
 )
 
+DAMAGED_LEFT = (
+    "{error}. It is left in place: resumption skips it and this run never deletes it "
+    "(remove it once it is of no use)"
+)
+
 
 class Checkpoint(Extension):
     """Save everything training needs to resume exactly, atomically.
@@ -222,19 +227,35 @@ class Checkpoint(Extension):
             raise
 
     def _run_of(self, path: str) -> Optional[str]:
+        """Return the run that wrote the checkpoint folder ``path``; None when it cannot tell."""
         try:
             return read_manifest(path).get("run_id")
         except CheckpointError:
             return None
 
     def _other_runs(self) -> List[str]:
-        """Checkpoint folders here (``best`` included) that this run did not write."""
+        """Checkpoint folders here (``best`` included) that another run wrote.
+
+        A folder whose manifest cannot be read (missing, truncated: a write or a
+        copy cut short) belongs to no run that can be told: resumption skips it
+        and pruning never deletes it, so it is left where it is, with a warning,
+        and never refuses the directory.
+        """
         mine = self.main_loop.run_id
         folders = list_checkpoints(self.directory)
         best = os.path.join(self.directory, BEST)
         if os.path.isdir(best):
             folders.append(best)
-        return [path for path in folders if self._run_of(path) != mine]
+        others = []
+        for path in folders:
+            try:
+                run = read_manifest(path).get("run_id")
+            except CheckpointError as error:
+                logger.warning(DAMAGED_LEFT.format(error=error))
+                continue
+            if run != mine:
+                others.append(path)
+        return others
 
     def after_training(self) -> None:
         """Fire the ``after_training`` conditions (a save, by default), then release the lock."""

@@ -219,8 +219,9 @@ def test_a_file_size_limit_fails_the_save_with_its_cause_and_records_nothing(tmp
 def test_a_file_in_the_way_is_found_when_training_starts(tmp_path):
     (tmp_path / "taken").write_text("not a folder")
     loop = small_loop([FinishAfter(after_n_epochs=1), Checkpoint(str(tmp_path / "taken"))])
-    with pytest.raises(CheckpointError, match="cannot write checkpoint .*taken"):
+    with pytest.raises(CheckpointError, match="cannot write checkpoint .*taken") as info:
         loop.run()
+    assert "move the file that is in the way" in str(info.value)
     assert loop.status.iterations_done == 0  # before the first batch
 
 
