@@ -6,11 +6,13 @@ in :mod:`mxoid.log_files`.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import errno
 import json
 import os
 from datetime import datetime
-from typing import IO, Any, Dict, List, Optional
+from typing import IO, Any, Dict, Iterator, List, Optional
 
 from ..log import files as log_files
 from ..log.files import EPOCHS_DONE, ITERATION, RESERVED_NAMES, RUN
@@ -18,6 +20,13 @@ from ..log.records import plain_value
 from .base import Extension
 
 __all__ = ["CSVLog", "JSONLinesLog"]
+
+_FIXES = {
+    errno.ENOSPC: "free disk space or point the log at another disk",
+    errno.EDQUOT: "free space within your disk quota",
+    errno.EFBIG: "raise the file size limit (ulimit -f)",
+    errno.EROFS: "the file system is read-only: point the log at a writable folder",
+}
 
 
 class _LogFileWriter(Extension):
@@ -49,28 +58,50 @@ class _LogFileWriter(Extension):
         self._next_row = 0
 
     def before_training(self) -> None:
-        self._start()
+        with self._naming_the_file():
+            self._start()
 
     def on_resumption(self) -> None:
-        self._start()
+        with self._naming_the_file():
+            self._start()
 
     def after_batch(self, batch: Any) -> None:
         log = self.main_loop.log
         done = self.main_loop.status.iterations_done
-        for iteration in range(self._next_row, done):
-            if iteration in log:
-                self._write_row(iteration, log[iteration])
+        with self._naming_the_file():
+            for iteration in range(self._next_row, done):
+                if iteration in log:
+                    self._write_row(iteration, log[iteration])
         self._next_row = max(self._next_row, done)
 
     def on_interrupt(self) -> None:
         # after_training follows and writes the current row.
-        self._flush()
+        with self._naming_the_file():
+            self._flush()
 
     def after_training(self) -> None:
-        self._finish()
+        with self._naming_the_file():
+            self._finish()
 
     def on_error(self, exception: BaseException) -> None:
-        self._finish()
+        with self._naming_the_file():
+            self._finish()
+
+    @contextlib.contextmanager
+    def _naming_the_file(self) -> Iterator[None]:
+        """Re-raise an ``OSError`` of writing the file (a full disk names none) naming it."""
+        try:
+            yield
+        except OSError as error:
+            if error.filename is not None:
+                raise
+            fix = _FIXES.get(error.errno, "fix the cause; the rows written so far are whole")
+            raise OSError(
+                error.errno,
+                f"{self.name} cannot write the log file {self.path}: "
+                f"{error.strerror or error}; {fix}",
+                self.path,
+            ) from error
 
     def _start(self) -> None:
         self._close()
@@ -142,9 +173,11 @@ class _LogFileWriter(Extension):
 
     def _close(self) -> None:
         if self.file is not None:
-            self._flush()
-            self.file.close()
-            self.file = None
+            try:
+                self._flush()
+            finally:  # closed even when the flush failed (a full disk)
+                file, self.file = self.file, None
+                file.close()
 
     def _open(self, contents: Optional[log_files.LogFileContents]) -> None:
         """Open the file to append, after checking the format of what it holds."""

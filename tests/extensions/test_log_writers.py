@@ -235,3 +235,49 @@ def test_a_writer_refuses_a_file_of_the_other_format(tmp_path):
     small_loop([CSVLog(path), FinishAfter(after_n_batches=1)]).run()
     with pytest.raises(ValueError, match="is a csv log, not JSON lines"):
         small_loop([JSONLinesLog(path), FinishAfter(after_n_batches=1)]).run()
+
+
+LOG_ON_SMALL_DISK = r"""
+import json, sys
+sys.path[:0] = [{tests!r}]
+from scripted import small_loop
+from mxoid import FinishAfter, TrainingMonitoring, {writer}
+loop = small_loop(
+    [FinishAfter(after_n_epochs=100), TrainingMonitoring("acc", every_n_batches=1),
+     {writer}(sys.argv[1])]
+)
+try:
+    loop.run()
+    print("RESULT " + json.dumps(None))
+except OSError as error:
+    print("RESULT " + json.dumps([str(error), error.filename, "error" in loop.log.record_names()]))
+"""
+
+
+@pytest.mark.parametrize("writer", ["JSONLinesLog", "CSVLog"])
+def test_a_full_disk_under_the_log_file_names_the_file_and_the_fix(tmp_path, writer):
+    """The log file on a 64 KiB tmpfs of its own (a mount namespace that ends with the
+    process), filled but for one page."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    script = tmp_path / "fill.py"
+    script.write_text(LOG_ON_SMALL_DISK.format(tests=os.path.dirname(HERE), writer=writer))
+    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    shell = (
+        f"mount -t tmpfs -o size=64k tmpfs {mount} && "
+        f"head -c 61440 /dev/zero > {mount}/filler && {sys.executable} {script} {mount}/log"
+    )
+    done = subprocess.run(
+        ["unshare", *user, "--mount", "sh", "-c", shell],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, done.stderr[-3000:]
+    message, filename, recorded = json.loads(lines[0][7:])
+    assert filename == f"{mount}/log"
+    assert f"cannot write the log file {mount}/log" in message
+    assert "No space left on device" in message and "free disk space" in message
+    assert recorded  # the error is in the loop's log, as any training error
