@@ -14,7 +14,7 @@ import warnings
 from importlib import import_module
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 _EXPORTS = {
     "Checkpoint": "extensions",
@@ -53,16 +53,29 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 MOVED = {
-    "mxoid.data_position": "mxoid.checkpoint.data_position",
+    # mxoid 0.1 -> 0.2
+    "mxoid.data_position": "mxoid.data.position",
     "mxoid.dispatch": "mxoid.extensions.dispatch",
     "mxoid.extensions.records": "mxoid.log.records",
     "mxoid.launch_processes": "mxoid.distributed.processes",
     "mxoid.log_files": "mxoid.log.files",
     "mxoid.sharding": "mxoid.distributed.sharding",
-    "mxoid.updater": "mxoid.fused_updater",
+    "mxoid.updater": "mxoid.update.fused_updater",
+    # mxoid 0.3 -> 0.4: the loop, the executor manager and the update as folders
+    "mxoid.checkpoint.compatibility": "mxoid.main_loop.resumption",
+    "mxoid.checkpoint.data_position": "mxoid.data.position",
+    "mxoid.checkpoint.loop_state": "mxoid.main_loop.state",
+    "mxoid.devices": "mxoid.executor_manager.devices",
+    "mxoid.fused_updater": "mxoid.update.fused_updater",
+    "mxoid.initialization": "mxoid.executor_manager.initialization",
+    "mxoid.interrupt": "mxoid.main_loop.interrupt",
+    "mxoid.invoke": "mxoid.executor_manager.invoke",
+    "mxoid.pacing": "mxoid.executor_manager.pacing",
+    "mxoid.private_heads": "mxoid.executor_manager.private_heads",
 }
-"""Old module names of mxoid 0.1 -> where the module lives now (``mxoid.launch`` is kept
-as a module of its own, for ``python -m mxoid.launch``)."""
+"""Old module names -> where the module lives now (``mxoid.launch`` is kept as a module of
+its own, for ``python -m mxoid.launch``; ``mxoid.main_loop``, ``mxoid.executor_manager`` and
+``mxoid.update`` are folders now, and import the same names as before)."""
 
 
 def lazy_exports(package: str, exports: Dict[str, str]) -> Tuple[Any, Any]:

@@ -16,11 +16,18 @@ import mxnet as mx
 import numpy as np
 
 from .checkpoint.loading import load_model
-from .devices import check_contexts
-from .executor_manager import DataParallelExecutorManager, output_short_name
-from .pacing import DEFAULT_MAX_BATCHES_AHEAD, Pacer, check_max_batches_ahead
+from .executor_manager import DataParallelExecutorManager, ExecutorSet, output_short_name
+from .executor_manager.devices import check_contexts
+from .executor_manager.pacing import DEFAULT_MAX_BATCHES_AHEAD, Pacer, check_max_batches_ahead
 
-__all__ = ["Predictor", "input_descs", "label_descs_for", "predict_outputs"]
+__all__ = [
+    "Predictor",
+    "input_descs",
+    "label_descs_for",
+    "predict_on",
+    "predict_outputs",
+    "score_on",
+]
 
 Descs = List[mx.io.DataDesc]
 
@@ -63,7 +70,7 @@ def label_descs_for(symbol: mx.sym.Symbol, data_descs: Descs, label_names: Seque
 
 
 def predict_outputs(
-    manager_for: Callable[[mx.io.DataBatch], DataParallelExecutorManager],
+    manager_for: Callable[[mx.io.DataBatch], Union[DataParallelExecutorManager, ExecutorSet]],
     iterator: mx.io.DataIter,
     outputs: Optional[Union[str, Sequence[str]]],
     output_names: Sequence[str],
@@ -104,6 +111,46 @@ def predict_outputs(
     if not any(parts.values()):
         raise ValueError("the iterator yielded no samples; is it empty?")
     return {name: np.concatenate([p.asnumpy() for p in arrays]) for name, arrays in parts.items()}
+
+
+def predict_on(
+    manager: DataParallelExecutorManager,
+    symbol: mx.sym.Symbol,
+    iterator: mx.io.DataIter,
+    outputs: Optional[Union[str, Sequence[str]]],
+    max_batches_ahead: Union[int, str, None] = DEFAULT_MAX_BATCHES_AHEAD,
+) -> Dict[str, np.ndarray]:
+    """Run ``iterator`` forward through a training manager's network, as it stands now.
+
+    What :meth:`mxoid.MainLoop.predict` does: the devices' BatchNorm statistics
+    averaged first, the engine idle before and after, and each shape of batch
+    on an executor set of its own (:meth:`DataParallelExecutorManager.executor_set`).
+    """
+
+    def executors_for(batch: mx.io.DataBatch) -> ExecutorSet:
+        data = list(zip(manager.data_names, batch.data))
+        return manager.executor_set(*input_descs(symbol, data, manager.label_names))
+
+    manager.reconcile_aux_states()
+    manager.synchronize()
+    try:
+        return predict_outputs(
+            executors_for, iterator, outputs, manager.output_names, max_batches_ahead
+        )
+    finally:
+        manager.synchronize()
+
+
+def score_on(loop: Any, iterator: mx.io.DataIter, metrics: Any, name: str) -> Dict[str, float]:
+    """Return the records an :class:`~mxoid.extensions.Evaluate` of ``loop`` computes now.
+
+    What :meth:`mxoid.MainLoop.score` does; nothing is written into the log.
+    """
+    from .extensions.evaluation import Evaluate
+
+    evaluation = Evaluate({name: iterator}, metrics, name=f"score_{name}")
+    evaluation.attach(loop)
+    return evaluation.evaluate()
 
 
 def _output_names(outputs: Optional[Union[str, Sequence[str]]], known: Sequence[str]) -> List[str]:

@@ -12,26 +12,20 @@ import pytest
 import mxoid
 
 PACKAGE = Path(mxoid.__file__).parent
-TOP_LEVEL = {
-    "__init__",
-    "__main__",
-    "cli",
-    "compat",
-    "errors",
-    "devices",
+TOP_LEVEL = {"__init__", "__main__", "cli", "compat", "errors", "inference", "launch"}
+FOLDERS = {
+    "checkpoint",
+    "data",
+    "distributed",
     "executor_manager",
-    "private_heads",
-    "fused_updater",
-    "inference",
-    "initialization",
-    "interrupt",
-    "invoke",
-    "launch",
+    "extensions",
+    "log",
     "main_loop",
-    "pacing",
+    "metrics",
     "update",
 }
-FOLDERS = {"checkpoint", "data", "distributed", "extensions", "log", "metrics"}
+LONGEST_FUNCTION = 100
+LONGEST_MODULE = 450
 
 
 def module_name(path):
@@ -116,14 +110,48 @@ def test_runtime_imports_have_no_circle():
             ), f"import circle: {module} -> {target} -> ... -> {module}"
 
 
-def test_the_only_type_only_reference_back_is_from_the_extension_api_to_the_loop():
+def test_the_only_type_only_references_back_are_to_the_loop():
+    """From the Extension API, and from the loop's own folder to its class."""
     runtime, type_only = graph()
     for module, targets in type_only.items():
         for target in targets:
             if reaches(runtime, target, module):
-                assert module.startswith("mxoid.extensions.") and target == "mxoid.main_loop", (
-                    f"{module} refers back to {target}"
+                from_extensions = (
+                    module.startswith("mxoid.extensions.") and target == "mxoid.main_loop"
                 )
+                within_the_loop = (
+                    module.startswith("mxoid.main_loop.") and target == "mxoid.main_loop.loop"
+                )
+                assert from_extensions or within_the_loop, f"{module} refers back to {target}"
+
+
+def test_the_loop_asks_extensions_only_through_the_extension_api():
+    """No built-in extension has a privilege: the loop's folder imports only the API."""
+    runtime, type_only = graph()
+    for module in runtime:
+        if module.startswith("mxoid.main_loop"):
+            used = {
+                t for t in runtime[module] | type_only[module] if t.startswith("mxoid.extensions")
+            }
+            assert used <= {"mxoid.extensions.base", "mxoid.extensions.dispatch"}, (
+                f"{module} imports {sorted(used)}"
+            )
+    for path in (PACKAGE / "main_loop").glob("*.py"):
+        assert "isinstance(" not in path.read_text() or not any(
+            f"isinstance({name}, {cls})" in path.read_text()
+            for name in ("e", "extension")
+            for cls in ("Checkpoint", "TrainingMonitoring", "MetricsExtension", "Evaluate")
+        ), path
+
+
+def test_no_function_is_longer_than_100_lines_and_no_module_longer_than_450():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text()
+        assert text.count("\n") <= LONGEST_MODULE, f"{path} has {text.count(chr(10))} lines"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                assert length <= LONGEST_FUNCTION, f"{path}:{node.name} has {length} lines"
 
 
 def test_the_public_names_are_written_once_and_import():
@@ -150,18 +178,51 @@ def test_old_module_paths_still_import_with_a_warning_naming_the_new_one(old, ne
 @pytest.mark.parametrize(
     "name, home",
     [
-        ("check_contexts", "mxoid.devices"),
-        ("forward_work_load", "mxoid.devices"),
-        ("one_random_generator", "mxoid.devices"),
-        ("split_batch", "mxoid.devices"),
-        ("COUNTING_SUFFIX", "mxoid.private_heads"),
-        ("RUNNING_SUMS_PREFIX", "mxoid.private_heads"),
+        ("check_contexts", "mxoid.executor_manager.devices"),
+        ("forward_work_load", "mxoid.executor_manager.devices"),
+        ("one_random_generator", "mxoid.executor_manager.devices"),
+        ("split_batch", "mxoid.executor_manager.devices"),
+        ("COUNTING_SUFFIX", "mxoid.executor_manager.private_heads"),
+        ("RUNNING_SUMS_PREFIX", "mxoid.executor_manager.private_heads"),
+        ("OutputArrays", "mxoid.executor_manager.outputs"),
+        ("output_short_name", "mxoid.executor_manager.outputs"),
+        ("DataParallelExecutorManager", "mxoid.executor_manager.manager"),
     ],
 )
-def test_names_that_left_the_executor_manager_still_import_from_it(name, home):
+def test_names_that_left_the_executor_manager_module_still_import_from_it(name, home):
     from mxoid import executor_manager
 
     assert getattr(executor_manager, name) is getattr(importlib.import_module(home), name)
+
+
+UPDATE_NAMES = [
+    "KVStoreLike",
+    "Update",
+    "create_kvstore",
+    "create_optimizer",
+    "initialize_kvstore",
+    "kvstore_keys",
+    "local_update",
+    "local_update_parts",
+    "optimizer_settings",
+    "prepare_update",
+    "prepared_update_on_kvstore",
+    "update_params",
+    "update_params_on_kvstore",
+]
+
+
+@pytest.mark.parametrize("name", UPDATE_NAMES)
+def test_the_update_functions_keep_their_names_under_mxoid_update(name):
+    import mxoid.update
+
+    assert name in mxoid.update.__all__ and getattr(mxoid.update, name) is not None
+
+
+def test_the_loop_keeps_its_import_path():
+    from mxoid.main_loop import MainLoop
+
+    assert MainLoop is mxoid.MainLoop
 
 
 def test_python_dash_m_mxoid_launch_still_runs():

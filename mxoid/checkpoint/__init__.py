@@ -1,16 +1,15 @@
-"""Checkpoints: the folder format, directories of them, and what exact resumption needs.
+"""Checkpoints on disk: the folder format, directories of them, loading what they hold.
 
-- :mod:`.format`: one checkpoint folder, written atomically and verified when read;
+- :mod:`.format`: one checkpoint folder, written atomically;
+- :mod:`.reading`: one checkpoint folder read and verified;
 - :mod:`.directory`: a directory of checkpoints: their order, the lock of the run
   writing them, tidying after interrupted writes, and what ``resume_from`` names;
-- :mod:`.data_position`: where the training iterator stands, to resume mid-epoch;
 - :mod:`.random_state`: NumPy's and Python's random states as plain data;
-- :mod:`.loop_state`: what a checkpoint holds of the loop itself, and how
-  resumption gives it back.
+- :mod:`.loading`: models and parameters from mxoid's and MXNet's files.
 
-The :class:`~mxoid.extensions.Checkpoint` extension writes checkpoints;
-:meth:`mxoid.MainLoop.state_dict` and :meth:`~mxoid.MainLoop.load_state_dict`
-(through :mod:`.loop_state`) say what the loop puts in them.
+The :class:`~mxoid.extensions.Checkpoint` extension writes checkpoints; what
+the loop puts in them, and how a checkpoint resumes it, is the loop's own
+(:mod:`mxoid.main_loop.state`, :mod:`mxoid.main_loop.resumption`).
 """
 
 from .directory import (
@@ -30,10 +29,9 @@ from .format import (
     CheckpointError,
     ResumeError,
     checkpoint_name,
-    read_checkpoint,
-    read_manifest,
     write_checkpoint,
 )
+from .reading import read_checkpoint, read_manifest
 
 __all__ = [
     "FORMAT_VERSION",

@@ -38,9 +38,9 @@ from .format import (
     CheckpointError,
     CheckpointVanished,
     fix_for,
-    read_checkpoint,
     unique_token,
 )
+from .reading import read_checkpoint
 
 __all__ = [
     "DirectoryLock",

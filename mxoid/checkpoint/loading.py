@@ -23,7 +23,8 @@ import mxnet as mx
 
 from ..errors import clean_mxnet_message
 from .directory import is_checkpoint_folder, newest_whole
-from .format import FOLDER_NAME, CheckpointContents, CheckpointError, read_checkpoint
+from .format import FOLDER_NAME, CheckpointContents, CheckpointError
+from .reading import read_checkpoint
 
 __all__ = ["checkpoint_of_epoch", "load_model", "load_params"]
 

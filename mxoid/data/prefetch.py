@@ -27,7 +27,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import mxnet as mx
 
-from ..checkpoint.data_position import DataPosition, batches_per_epoch
+from ..data.position import DataPosition, batches_per_epoch
 
 __all__ = ["Prefetch"]
 

@@ -10,14 +10,14 @@ started, and only those. :func:`mxoid.distributed.launch.launch` drives it.
 from __future__ import annotations
 
 import os
-import re
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
+
+from .launched import _ERROR_LINE, HOST, LaunchedProcess, _cpu_ticks, _listening, free_port
 
 __all__ = [
     "DEFAULT_STALL_TIMEOUT",
@@ -29,7 +29,6 @@ __all__ = [
     "free_port",
 ]
 
-HOST = "127.0.0.1"
 PORT_ATTEMPTS = 5
 SCHEDULER_START_SECONDS = 120.0
 
@@ -43,10 +42,6 @@ checkpoint, flushes logs) before they are treated as stuck."""
 LONE_EXIT_WAIT = 30.0
 """Seconds the other workers may go on after one exited with status 0: workers end together
 (ps-lite's finalize barrier), so a worker that ended alone left the others waiting for it."""
-_ERROR_LINE = re.compile(
-    r"^(?:[\w.]+(?:Error|Exception|Exit|Interrupt)\b.*|mxoid: worker of rank.*)$"
-)
-
 # The scheduler only needs libmxnet's ps-lite: loading the library with ctypes
 # takes 0.2 s where ``import mxnet`` takes 3 s of CPU, on the launch's critical
 # path. It does what mxnet/kvstore/kvstore_server.py does at import.
@@ -86,106 +81,6 @@ try:
 except OSError as error:
     sys.exit(f"mxoid launch: cannot run {sys.argv[2]!r}: {error}")
 """
-
-
-class LaunchedProcess:
-    """One started process, with its output buffers.
-
-    Parameters
-    ----------
-    role : str
-        ``'scheduler'``, ``'server'`` or ``'worker'``.
-    index : int
-        Launch index among the processes of its role (not the rank).
-    popen : subprocess.Popen
-    """
-
-    def __init__(self, role: str, index: int, popen: subprocess.Popen) -> None:
-        self.role = role
-        self.index = index
-        self.popen = popen
-        self.label = role if role == "scheduler" else f"{role} {index}"
-        self.partial: Dict[int, bytes] = {}  # per fd (1, 2): the unfinished last line
-        self.held: Dict[int, bytes] = {}  # per fd: output not shown yet (see start_scheduler)
-        self.errors: List[str] = []  # its error lines on stderr (an exception's last line)
-
-    @property
-    def pid(self) -> int:
-        """The process id (also its process group id)."""
-        return self.popen.pid
-
-    def running(self) -> bool:
-        """Return True until the process has ended (and then it is reaped)."""
-        return self.popen.poll() is None
-
-    def describe_exit(self) -> str:
-        """How it ended, in words: ``'worker 1 (pid 42) was killed by SIGKILL'``."""
-        code = self.popen.returncode
-        if code is not None and code < 0:
-            try:
-                name = signal.Signals(-code).name
-            except ValueError:
-                name = f"signal {-code}"
-            return f"{self.label} (pid {self.pid}) was killed by {name}"
-        said = self.error_summary()
-        return f"{self.label} (pid {self.pid}) exited with status {code}" + (
-            f": {said}" if said and code else ""
-        )
-
-    def error_summary(self) -> str:
-        """Return the error the process reported last: an exception's message, preferably."""
-        exceptions = [line for line in self.errors if not line.startswith("mxoid:")]
-        return (exceptions or self.errors or [""])[-1][:300]
-
-    def exit_status(self) -> int:
-        """Its exit status as a shell reports it: 128 + N when killed by signal N."""
-        code = self.popen.returncode
-        return 128 - code if code < 0 else code
-
-
-def free_port() -> int:
-    """Return a TCP port of 127.0.0.1 free right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind((HOST, 0))
-        return probe.getsockname()[1]
-
-
-def _listening(pid: int, port: int) -> bool:
-    """Return True when process ``pid`` has a TCP socket listening on ``port`` (from /proc)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as lines:
-                next(lines)
-                for line in lines:
-                    fields = line.split()
-                    if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
-                        inodes.add(f"socket:[{fields[9]}]")
-        except OSError:
-            continue
-    if not inodes:
-        return False
-    try:
-        descriptors = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in descriptors:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
-                return True
-        except OSError:
-            continue
-    return False
-
-
-def _cpu_ticks(pid: int) -> int:
-    """User plus system clock ticks used by ``pid`` so far; 0 once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return int(fields[11]) + int(fields[12])
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 class Job:

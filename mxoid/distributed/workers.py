@@ -25,7 +25,7 @@ from typing import Any, List, NoReturn, Optional, Sequence, Tuple
 import mxnet as mx
 import numpy as np
 
-from ..checkpoint.data_position import batches_per_epoch
+from ..data.position import batches_per_epoch
 from .servers import MERGED, is_asynchronous, is_distributed, reduction_keys
 
 __all__ = [

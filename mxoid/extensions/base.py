@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..log import TrainingLog
     from ..main_loop import MainLoop
 
-__all__ = ["FIRING_KEYWORDS", "HOOKS", "Extension", "OnLogRecord", "Predicate"]
+__all__ = ["FIRING_KEYWORDS", "HOOKS", "Extension", "HeadRequest", "OnLogRecord", "Predicate"]
 
 HOOKS = (
     "before_training",
     "on_resumption",
     "before_epoch",
     "before_batch",
+    "after_backward",
     "before_update",
     "after_update",
     "after_batch",
@@ -27,6 +28,14 @@ HOOKS = (
 
 FIRING_KEYWORDS = ("every_n_batches", "every_n_epochs", "after_n_batches", "after_n_epochs") + HOOKS
 """The keywords of :class:`Extension` that add a firing condition: a count, or a hook name."""
+
+HOOK_ARGUMENTS = {
+    "before_batch": ("batch",),
+    "after_backward": ("batch",),
+    "after_batch": ("batch",),
+    "on_error": ("exception",),
+}
+"""The arguments each hook is called with (the others take none)."""
 
 Predicate = Callable[["TrainingLog"], bool]
 """A firing condition: called with the loop's log (``log.status`` holds the counters; the
@@ -87,6 +96,31 @@ class OnLogRecord:
         return f"OnLogRecord({self.record!r})"
 
 
+class HeadRequest(NamedTuple):
+    """What the loop tells an extension that may want a head (:meth:`Extension.private_head`).
+
+    A private head is a symbol on the network's arrays (behind ``BlockGrad``)
+    that the training executors compute after the network's own outputs, in
+    the same pass, for the extension alone: the symbol, the manager's
+    ``outputs`` and checkpoints are unchanged (see
+    :mod:`mxoid.executor_manager.private_heads`).
+    """
+
+    symbol: Any
+    """The network (``mx.sym.Symbol``)."""
+    data_descs: Sequence[Any]
+    """The training inputs, as ``train_data.provide_data`` gives them."""
+    label_descs: Sequence[Any]
+    """The training labels, as ``train_data.provide_label`` gives them."""
+    rows_per_device: Sequence[int]
+    """How many rows of a training batch each device gets."""
+    contexts: Sequence[Any]
+    """The devices."""
+    running_sums: str
+    """The name under which the head may keep running sums of its own (see
+    :attr:`mxoid.DataParallelExecutorManager.running_sums`)."""
+
+
 class Extension:
     """Something that acts on the training loop at its hooks.
 
@@ -101,8 +135,8 @@ class Extension:
     2. Implement :meth:`do` and pass firing conditions to the constructor
        (``every_n_epochs=2``, ``after_n_batches=100``, ``after_training=True``
        ...). ``do(which_callback, *args)`` then runs whenever one of the
-       conditions holds. This is how every built-in extension is written, so
-       users can change when any of them fires; a subclass sets its defaults
+       conditions holds. Most built-in extensions do what they do this way,
+       so that users can change when they fire; a subclass sets its defaults
        with ``kwargs.setdefault('after_epoch', True)`` before calling
        ``super().__init__(**kwargs)``.
 
@@ -114,9 +148,22 @@ class Extension:
     The loop is reachable as ``self.main_loop``: its ``manager`` (executors,
     parameters, gradients, ``outputs`` of the last batch), ``optimizer``,
     ``kvstore``, ``status``, ``log`` and ``current_batch``. Records go into
-    ``self.main_loop.log.current_row``. To stop training, call
+    ``self.main_loop.log.current_row``; declare their names in
+    :attr:`record_names`, so that the loop refuses two extensions writing
+    the same record. To stop training, call
     ``self.main_loop.request_stop(reason)`` and set the class attribute
     ``stops_training = True``, so the loop knows something can stop it.
+
+    The training pass's outputs, labels and padding (``manager.outputs``,
+    ``manager.labels``, ``manager.pad``) are the batch's in ``after_backward``;
+    later hooks may run an evaluation on the same executors, which replaces
+    them. Read the training pass in ``after_backward``.
+
+    The loop checks each extension when it is built: a public method named
+    almost like a hook (``after_epochs``), a hook whose signature does not
+    take the hook's arguments, a subclass whose ``__init__`` did not call
+    ``super().__init__()``, or firing conditions without :meth:`do` are errors
+    that say what to do.
 
     Parameters
     ----------
@@ -131,8 +178,9 @@ class Extension:
         count of batches / epochs done is a multiple of n.
     after_n_batches, after_n_epochs : int, optional
         Fire once, when exactly n batches / epochs are done.
-    before_training, before_epoch, before_batch, before_update, after_update,
-    after_batch, after_epoch, after_training, on_resumption, on_interrupt, on_error : bool
+    before_training, before_epoch, before_batch, after_backward, before_update,
+    after_update, after_batch, after_epoch, after_training, on_resumption,
+    on_interrupt, on_error : bool
         Fire ``do`` at every occurrence of that hook.
     rank_zero_only : bool, optional
         Override the class default of :attr:`rank_zero_only`.
@@ -164,6 +212,9 @@ class Extension:
     stops_training: bool = False
     rank_zero_only: bool = False
     main_loop: Optional[MainLoop] = None
+    checkpoint_directory: Optional[str] = None
+    """A directory this extension writes checkpoints into, or None. ``resume_from`` may
+    name it before it exists (a first run), and an interrupted run's message names it."""
 
     def __init__(
         self,
@@ -177,6 +228,7 @@ class Extension:
         before_training: bool = False,
         before_epoch: bool = False,
         before_batch: bool = False,
+        after_backward: bool = False,
         before_update: bool = False,
         after_update: bool = False,
         after_batch: bool = False,
@@ -197,6 +249,7 @@ class Extension:
             "before_training": before_training,
             "before_epoch": before_epoch,
             "before_batch": before_batch,
+            "after_backward": after_backward,
             "before_update": before_update,
             "after_update": after_update,
             "after_batch": after_batch,
@@ -288,6 +341,17 @@ class Extension:
         """Before ``batch`` is loaded into the executors."""
         self.fire_conditions("before_batch", batch)
 
+    def after_backward(self, batch: Any) -> None:
+        """After the backward pass of ``batch``, before its update and any evaluation.
+
+        The training pass's outputs, labels and padding are the batch's here
+        (``main_loop.manager.outputs``, ``labels``, ``pad``), and so are the
+        gradients (with ``accumulate_batches``, added to the group's). Counters
+        still count the batches before this one. Nothing waits for the
+        devices: what this hook queues on them is computed in order.
+        """
+        self.fire_conditions("after_backward", batch)
+
     def before_update(self) -> None:
         """After the backward pass, before the optimizer step.
 
@@ -324,6 +388,28 @@ class Extension:
     def on_error(self, exception: BaseException) -> None:
         """When training or a hook raised ``exception``, before it propagates."""
         self.fire_conditions("on_error", exception)
+
+    # What the loop asks of every extension when it is built.
+    @property
+    def record_names(self) -> List[str]:
+        """The records this extension writes into the log (known once attached; none here).
+
+        The loop refuses two extensions that declare the same record, and an
+        extension that declares a record of the loop's own
+        (``training_finish_requested``, ``resumed_from``, ``error``).
+        """
+        return []
+
+    def private_head(self, request: HeadRequest) -> Any:
+        """Return a symbol the training executors compute for this extension, or None.
+
+        Called once, when the loop is built, before :meth:`attach`; the head's
+        outputs are then in ``main_loop.private_outputs(self)`` after each
+        training forward pass (see :class:`HeadRequest`).
+        :class:`~mxoid.extensions.TrainingMonitoring` computes its metrics this
+        way. None by default: no head.
+        """
+        return None
 
     # State carried by checkpoints.
     def state_dict(self) -> Dict[str, Any]:

@@ -5,15 +5,24 @@ The time spent in each hook is accounted per extension.
 
 from __future__ import annotations
 
+import difflib
 import functools
+import inspect
 import logging
 import os
 from time import perf_counter
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .base import HOOKS, Extension
+from .base import HOOK_ARGUMENTS, HOOKS, Extension
 
-__all__ = ["NOTHING_STOPS", "HookDispatcher", "HookTimes", "check_extensions"]
+__all__ = [
+    "NOTHING_STOPS",
+    "HookDispatcher",
+    "HookTimes",
+    "check_extension",
+    "check_extensions",
+    "check_record_names",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +59,7 @@ def check_extensions(extensions: Any) -> List[Extension]:
                 f"extensions must be mxoid.Extension instances; got "
                 f"{type(extension).__name__} ({extension!r})"
             )
+        check_extension(extension)
     if not any(extension.stops_training for extension in extensions):
         raise ValueError(NOTHING_STOPS)
     for attribute, what in (("path", "log file"), ("directory", "checkpoint directory")):
@@ -67,6 +77,111 @@ def check_extensions(extensions: Any) -> List[Extension]:
                 )
             seen[key] = extension
     return extensions
+
+
+NO_SUPER_INIT = (
+    "{cls}.__init__ did not call super().__init__(): call it, passing the firing keywords "
+    "(every_n_epochs=..., after_epoch=True, ...), name and priority on to Extension"
+)
+LOOKS_LIKE_A_HOOK = (
+    "{cls}.{method} is not a hook, so the loop never calls it; did you mean {hook}? "
+    "(The hooks are {hooks}; a method of your own that is not a hook reads better "
+    "without a hook's before_/after_/on_ start, or starting with _.)"
+)
+WRONG_SIGNATURE = (
+    "{cls}.{hook}{signature} cannot take what the loop passes: it calls "
+    "{hook}({arguments}). Define it as def {hook}(self{parameters}):"
+)
+NO_DO = (
+    "{cls} has firing conditions ({conditions}) but does not implement "
+    "do(which_callback, *args), which they call: implement do, or override the hooks "
+    "themselves and pass no firing keywords"
+)
+
+
+def check_extension(extension: Extension) -> None:
+    """Raise, saying what to do, for a mistake in an extension that would otherwise pass silently.
+
+    A subclass whose ``__init__`` did not call ``super().__init__()``; a public
+    method named almost like a hook (``after_epochs``), which the loop would
+    never call; an overridden hook that cannot take the hook's arguments;
+    firing conditions without :meth:`~Extension.do`.
+
+    Raises
+    ------
+    TypeError
+        For each of them, naming the class and the method.
+    """
+    cls = type(extension).__name__
+    if "conditions" not in vars(extension):
+        raise TypeError(NO_SUPER_INIT.format(cls=cls))
+    own = {
+        name
+        for klass in type(extension).__mro__
+        if klass not in (Extension, object)
+        for name, value in vars(klass).items()
+        if callable(value) and not name.startswith("_")
+    }
+    for method in sorted(own - set(HOOKS) - set(dir(Extension))):
+        close = difflib.get_close_matches(method, HOOKS, n=1, cutoff=0.8)
+        if close:
+            raise TypeError(
+                LOOKS_LIKE_A_HOOK.format(cls=cls, method=method, hook=close[0], hooks=list(HOOKS))
+            )
+    for hook in HOOKS:
+        if extension.overrides(hook):
+            _check_signature(extension, hook)
+    if extension.conditions and type(extension).do is Extension.do:
+        raise TypeError(NO_DO.format(cls=cls, conditions=", ".join(sorted(extension.conditions))))
+
+
+def _check_signature(extension: Extension, hook: str) -> None:
+    arguments = HOOK_ARGUMENTS.get(hook, ())
+    try:
+        signature = inspect.signature(getattr(extension, hook))
+    except (TypeError, ValueError):  # a builtin or a callable object: nothing to tell
+        return
+    try:
+        signature.bind(*arguments)
+    except TypeError:
+        raise TypeError(
+            WRONG_SIGNATURE.format(
+                cls=type(extension).__name__,
+                hook=hook,
+                signature=signature,
+                arguments=", ".join(arguments),
+                parameters="".join(f", {a}" for a in arguments),
+            )
+        ) from None
+
+
+def check_record_names(
+    extensions: Sequence[Extension], reserved: Optional[Mapping[str, Sequence[str]]] = None
+) -> None:
+    """Raise ``ValueError`` where two extensions of a loop would write the same record.
+
+    One would replace the other's values in the rows both write, and the log
+    would hold values of two meanings under one name. Each extension declares
+    its records in :attr:`~Extension.record_names` (once attached);
+    ``reserved`` maps another writer (the loop) to records no extension may write.
+    """
+    writers: Dict[str, Tuple[str, Optional[Extension]]] = {
+        record: (owner, None) for owner, records in (reserved or {}).items() for record in records
+    }
+    for extension in extensions:
+        clashes: Dict[str, List[str]] = {}
+        for record in dict.fromkeys(extension.record_names):
+            owner, writer = writers.setdefault(record, (extension.name, extension))
+            if writer is not extension:
+                clashes.setdefault(owner, []).append(record)
+        for owner, records in clashes.items():
+            raise ValueError(
+                f"{owner} and {extension.name} would both write the records "
+                f"{sorted(records)}: one would overwrite the other's values in the log. "
+                "Give each record one writer: rename the records of your own extension, or "
+                "give a built-in another name for them: TrainingMonitoring(..., "
+                "prefix='train_window'), Evaluate({'valid_full': iterator}, ...)"
+            )
 
 
 class HookTimes:
@@ -176,6 +291,13 @@ class HookDispatcher:
             for h in handlers
         ]
         return sorted(rows, key=lambda row: -row[3])
+
+    def print_profile(self) -> None:
+        """Print :meth:`profile` as a table."""
+        print(f"{'extension':<24}{'hook':<18}{'calls':>10}{'seconds':>12}{'us/call':>10}")
+        for name, hook, calls, seconds in self.profile():
+            per_call = 1e6 * seconds / calls if calls else 0.0
+            print(f"{name:<24}{hook:<18}{calls:>10}{seconds:>12.4f}{per_call:>10.1f}")
 
     # ------------------------------------------------------------- states
     def keyed(self) -> Dict[str, Extension]:

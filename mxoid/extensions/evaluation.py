@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 import mxnet as mx
 
-from ..devices import forward_work_load, split_batch
+from ..executor_manager.devices import forward_work_load, split_batch
+from ..executor_manager.pacing import Pacer
 from ..metrics import Metric, MetricAccumulator, label_for_output, per_row_head
 from ..metrics.head import dtypes_of
-from ..pacing import Pacer
 from .base import FIRING_KEYWORDS
 from .metrics_extension import NOT_BOUND, MetricsExtension, MetricsSpec, _record_names
 
@@ -187,7 +187,7 @@ class Evaluate(MetricsExtension):
     def _evaluate(self, name: str, iterator: mx.io.DataIter) -> List[float]:
         accumulator = self._accumulators[name]
         manager = accumulator.manager
-        accumulator.reset()
+        accumulator.reset(zero=True)  # each evaluation its own sums: the same after a resumption
         iterator.reset()
         pacer = self._pacers[name]
         try:

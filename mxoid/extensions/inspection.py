@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Unio
 
 import mxnet as mx
 
-from ..devices import one_random_generator
+from ..executor_manager.devices import one_random_generator
 from ..log.records import MONITOR_PREFIX
 from .base import Extension
 

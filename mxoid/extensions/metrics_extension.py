@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..executor_manager import output_short_name
+from ..executor_manager.outputs import output_short_name
 from ..metrics import Metric, MetricLike, Reducer, create_metrics
 from .base import Extension
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..main_loop import MainLoop
 
-__all__ = ["MetricsExtension", "MetricsSpec", "check_distinct_records"]
+__all__ = ["MetricsExtension", "MetricsSpec"]
 
 MetricsSpec = Union[
     MetricLike, Sequence[MetricLike], Mapping[str, Union[MetricLike, Sequence[MetricLike]]]
@@ -118,26 +118,3 @@ class MetricsExtension(Extension):
 
     def _metrics_on_outputs(self, loop: MainLoop) -> List[Tuple[str, Metric]]:
         return _bind_outputs(self._keyed, self._parsed, loop.manager.output_names)
-
-
-def check_distinct_records(extensions: Sequence[Extension]) -> None:
-    """Raise ValueError where two metric extensions of a loop would write the same records.
-
-    One would replace the other's values in the rows both write, and the log
-    would hold values of two meanings (over an epoch, over N batches, over
-    another iterator) under one name.
-    """
-    writers: Dict[str, MetricsExtension] = {}
-    for extension in extensions:
-        if not isinstance(extension, MetricsExtension):
-            continue
-        for record in extension.record_names:
-            first = writers.setdefault(record, extension)
-            if first is not extension:
-                shared = sorted(set(first.record_names) & set(extension.record_names))
-                raise ValueError(
-                    f"{first.name} and {extension.name} would both write the records "
-                    f"{shared}; give one of them another prefix: "
-                    "TrainingMonitoring(..., prefix='train_window'), or another iterator "
-                    "name, Evaluate({'valid_full': iterator}, ...)"
-                )

@@ -6,15 +6,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import mxnet as mx
 
-from ..executor_manager import output_short_name
+from ..executor_manager.outputs import output_short_name
 from ..metrics import MetricAccumulator, per_row_head
 from ..metrics.head import dtypes_of
-from ..private_heads import RUNNING_SUMS_PREFIX
-from .base import Extension
+from .base import HeadRequest
 from .evaluation import Evaluate as Evaluate  # importable from here, as before
 from .metrics_extension import MetricsExtension, _bind_outputs, _record_names
 from .metrics_extension import MetricsSpec as MetricsSpec
@@ -22,7 +21,7 @@ from .metrics_extension import MetricsSpec as MetricsSpec
 if TYPE_CHECKING:  # pragma: no cover
     from ..main_loop import MainLoop
 
-__all__ = ["TrainingMonitoring", "private_heads", "training_pass_reader"]
+__all__ = ["TrainingMonitoring"]
 
 
 class TrainingMonitoring(MetricsExtension):
@@ -105,41 +104,33 @@ class TrainingMonitoring(MetricsExtension):
         except ValueError as error:
             raise ValueError(f"{self.name}: {error}") from None
 
-    def private_head(
-        self,
-        symbol: mx.sym.Symbol,
-        label_names: Sequence[str],
-        input_shapes: Dict[str, Tuple[int, ...]],
-        rows_per_device: Sequence[int],
-        running_sums: Optional[str] = None,
-        input_types: Optional[Dict[str, Any]] = None,
-        contexts: Optional[Sequence[mx.Context]] = None,
-    ) -> Optional[mx.sym.Symbol]:
+    def private_head(self, request: HeadRequest) -> Optional[mx.sym.Symbol]:
         """Return the head that computes this extension's per-row values in the training graph.
 
-        The loop binds it with the training executors (see
-        :func:`mxoid.metrics.per_row_head`), with ``running_sums`` the name of
-        the head's running sums, to which the executors add the values,
-        ``input_types`` the inputs' dtypes (the head takes fewer operators
-        where it can tell they are float32), and ``contexts`` the
-        devices it runs on; None when no head can be built here (no device
-        metric, or metrics the outputs do not fit: attaching then says why).
+        The training executors bind it (see :func:`mxoid.metrics.per_row_head`)
+        and add the values to running sums named ``request.running_sums``; the
+        head takes fewer operators where it can tell the inputs are float32,
+        and suits the devices it runs on. None when no head can be built here
+        (no device metric, or metrics the outputs do not fit: attaching then
+        says why).
         """
+        symbol = request.symbol
         output_names = [output_short_name(n) for n in symbol.list_outputs()]
         try:
             bound = _bind_outputs(self._keyed, self._parsed, output_names)
         except ValueError:
             return None
-        self._running_sums = running_sums
+        descs = list(request.data_descs) + list(request.label_descs)
+        self._running_sums = request.running_sums
         return per_row_head(
             symbol,
             bound,
-            label_names,
-            input_shapes,
-            rows_per_device,
-            running_sums,
-            input_types,
-            contexts=contexts,
+            [desc[0] for desc in request.label_descs],
+            {desc[0]: tuple(desc[1]) for desc in descs},
+            request.rows_per_device,
+            request.running_sums,
+            dtypes_of(descs),
+            contexts=request.contexts,
         )
 
     @property
@@ -147,14 +138,13 @@ class TrainingMonitoring(MetricsExtension):
         """The names of the records the extension writes (known once attached)."""
         return list(self._records)
 
-    def read_training_pass(self) -> None:
+    def after_backward(self, batch: Any) -> None:
         """Add the batch just trained to the running sums (no host sync).
 
-        The loop calls it right after each batch's forward and backward passes,
-        before the update and before any hook: an evaluation in a hook (an
-        ``Evaluate`` at the training batch size runs on the training executors,
-        others share their memory) replaces the outputs, the values of the
-        private head and the padding that this reads.
+        In ``after_backward`` the outputs, the values of the private head and
+        the padding are the training pass's; a later hook's evaluation (an
+        ``Evaluate`` at the training batch size runs on the training
+        executors, others share their memory) replaces them.
         """
         self.accumulator.update()
 
@@ -173,63 +163,3 @@ class TrainingMonitoring(MetricsExtension):
             return
         self.main_loop.log.current_row.update(zip(self._records, accumulator.values(self.reduce)))
         accumulator.reset()
-
-
-def private_heads(
-    extensions: Sequence[Extension],
-    symbol: mx.sym.Symbol,
-    data_descs: Sequence[Any],
-    label_descs: Optional[Sequence[Any]],
-    rows_per_device: Sequence[int],
-    contexts: Optional[Sequence[mx.Context]] = None,
-) -> List[Tuple[Extension, mx.sym.Symbol]]:
-    """Return the private heads the training executors compute for these extensions.
-
-    One per :class:`TrainingMonitoring` whose metrics can be computed in the
-    training graph, with the extension it serves. ``rows_per_device``: how the
-    training batch is split; ``contexts``: the devices (None: one CPU).
-    """
-    if not rows_per_device:
-        return []
-    descs = list(data_descs) + list(label_descs or [])
-    shapes = {desc[0]: tuple(desc[1]) for desc in descs}
-    label_names = [desc[0] for desc in label_descs or []]
-    heads = []
-    for extension in extensions:
-        if isinstance(extension, TrainingMonitoring):
-            running_sums = f"{RUNNING_SUMS_PREFIX}{len(heads)}"
-            head = extension.private_head(
-                symbol,
-                label_names,
-                shapes,
-                rows_per_device,
-                running_sums,
-                dtypes_of(descs),
-                contexts,
-            )
-            if head is not None:
-                heads.append((extension, head))
-    return heads
-
-
-def training_pass_reader(extensions: Sequence[Extension]) -> Optional[Callable[[], None]]:
-    """Return what the loop calls after each batch's training pass (None: nothing to call).
-
-    Each attached :class:`TrainingMonitoring` among ``extensions`` adds the
-    batch to its running sums (:meth:`TrainingMonitoring.read_training_pass`).
-    """
-    reads = [
-        e.read_training_pass
-        for e in extensions
-        if isinstance(e, TrainingMonitoring) and e.accumulator is not None
-    ]
-    if not reads:
-        return None
-    if len(reads) == 1:
-        return reads[0]
-
-    def read_all() -> None:
-        for read in reads:
-            read()
-
-    return read_all

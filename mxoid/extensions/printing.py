@@ -11,9 +11,9 @@ from typing import IO, Any, Dict, List, Optional, Tuple
 import numpy as np
 from tqdm import tqdm
 
-from ..checkpoint.data_position import batches_per_epoch
+from ..data.position import batches_per_epoch
+from ..executor_manager.pacing import BatchMarks
 from ..log.records import BEST_ITERATION, NEW_BEST, counted, format_value
-from ..pacing import BatchMarks
 from .base import Extension
 
 __all__ = ["Printing", "ProgressBar"]

@@ -52,6 +52,23 @@ DAMAGED_LEFT = (
 )
 
 
+def _counters(status: Any) -> List[Any]:
+    """Return what tells two saves apart: the same counters, the same state.
+
+    The stop's reason is among them: a signal sets ``interrupted`` during the
+    batch whose periodic save then runs, and the loop records the stop (its
+    ``training_finish_requested``) only after that batch's hooks, so the save
+    on interruption holds more than the periodic one.
+    """
+    return [
+        status.iterations_done,
+        status.epochs_done,
+        status.epoch_started,
+        status.interrupted,
+        status.stop_reason,
+    ]
+
+
 class Checkpoint(Extension):
     """Save everything training needs to resume exactly, atomically.
 
@@ -187,6 +204,19 @@ class Checkpoint(Extension):
 
     # ------------------------------------------------------------- the run
     @property
+    def checkpoint_directory(self) -> str:  # type: ignore[override]
+        """The directory of checkpoints (``resume_from`` may name it before it exists)."""
+        return self.directory
+
+    @property
+    def record_names(self) -> List[str]:
+        """``checkpoint_saved_to``, and ``<save_best_of>_best_checkpoint`` with ``save_best_of``."""
+        names = [CHECKPOINT_SAVED_TO]
+        if self.save_best_of:
+            names.append(self.save_best_of + BEST_CHECKPOINT)
+        return names
+
+    @property
     def best_value(self) -> Optional[float]:
         """The best value of ``save_best_of`` so far (``best.value``)."""
         return self.best.value
@@ -310,12 +340,7 @@ class Checkpoint(Extension):
         if NAN_DETECTED in row:
             logger.warning("not saving a checkpoint: %s is not finite", row[NAN_DETECTED])
             return None
-        counters = [
-            status.iterations_done,
-            status.epochs_done,
-            status.epoch_started,
-            status.interrupted,
-        ]
+        counters = _counters(status)
         if counters == self._last_counters:
             return self.last_saved
         sequence = next_sequence(self.directory)
@@ -341,12 +366,7 @@ class Checkpoint(Extension):
         if record:
             row[record] = path
             self.sequence, self.last_saved = sequence or self.sequence, path
-            self._last_counters = [
-                status.iterations_done,
-                status.epochs_done,
-                status.epoch_started,
-                status.interrupted,
-            ]
+            self._last_counters = _counters(status)
         seed = zlib.crc32(f"{status.iterations_done}:{status.epochs_done}".encode()) & 0x7FFFFFFF
         try:
             state = loop.state_dict()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from ..log.records import BEST_ITERATION, BEST_SO_FAR, MISSING, NEW_BEST, RecordReader, to_float
 from .base import Extension
@@ -120,6 +120,11 @@ class TrackBest(Extension):
         kwargs.setdefault("after_epoch", True)
         kwargs.setdefault("on_resumption", True)
         super().__init__(**kwargs)
+
+    @property
+    def record_names(self) -> List[str]:
+        """``<record>_new_best``, ``<record>_best_so_far`` and ``<record>_best_iteration``."""
+        return [self.new_best_name, self.best_so_far_name, self.best_iteration_name]
 
     def do(self, which_callback: str, *args: Any) -> None:
         """Take a new value of the record, if any, and write the best so far into the row.

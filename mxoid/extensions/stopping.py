@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import mxnet as mx
 import numpy as np
@@ -264,6 +264,11 @@ class NaNGuard(Extension):
         kwargs.setdefault("priority", 5)
         kwargs.setdefault("after_epoch", True)
         super().__init__(**kwargs)
+
+    @property
+    def record_names(self) -> List[str]:
+        """``nan_detected``."""
+        return [NAN_DETECTED]
 
     def do(self, which_callback: str, *args: Any) -> None:
         """Check the records' new values, then the parameters; stop at the first non-finite one."""

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 from time import perf_counter
-from typing import Any, Tuple
+from typing import Any, List, Tuple
 
-from ..log.records import SAMPLES_PER_SECOND, TIME_EPOCH, TIME_PER_BATCH, TIME_TOTAL
+from ..log.records import (
+    SAMPLES_PER_SECOND,
+    TIME_EPOCH,
+    TIME_PER_BATCH,
+    TIME_TOTAL,
+    TIMING_RECORDS,
+)
 from .base import Extension
 
 __all__ = ["Timing"]
@@ -60,6 +66,11 @@ class Timing(Extension):
         self._total_before = 0.0
         self._epoch_start: Tuple[float, int] = (0.0, 0)
         self._last_write: Tuple[float, int] = (0.0, 0)
+
+    @property
+    def record_names(self) -> List[str]:
+        """The timing records (:data:`mxoid.log.records.TIMING_RECORDS`)."""
+        return list(TIMING_RECORDS)
 
     def before_training(self) -> None:
         """Wait for the engine and start the clocks, then fire the conditions."""

@@ -6,7 +6,7 @@ The rate by schedule or on a plateau; the gradients clipped by their global norm
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 
 import mxnet as mx
 
@@ -118,6 +118,11 @@ class LearningRateSchedule(Extension):
         kwargs.setdefault("on_resumption", True)
         super().__init__(**kwargs)
 
+    @property
+    def record_names(self) -> List[str]:
+        """``learning_rate``."""
+        return [LEARNING_RATE]
+
     def before_training(self) -> None:
         """Check that the rate set here reaches the optimizer, then fire the conditions."""
         self._check_optimizer()
@@ -218,6 +223,11 @@ class ReduceLROnPlateau(Extension):
         self.factor, self.patience, self.cooldown, self.min_lr = factor, patience, cooldown, min_lr
         self.checks_without_improvement = 0
         self.cooldown_left = 0
+
+    @property
+    def record_names(self) -> List[str]:
+        """``learning_rate``."""
+        return [LEARNING_RATE]
 
     def before_training(self) -> None:
         """Check that the learning rate can be set, then fire the conditions."""
@@ -328,6 +338,11 @@ class ClipGradientNorm(Extension):
         self.max_norm = float(max_norm)
         self.record_every = record_every
         self._pending: Optional[mx.nd.NDArray] = None
+
+    @property
+    def record_names(self) -> List[str]:
+        """``gradient_norm``, with ``record_every``."""
+        return [GRADIENT_NORM] if self.record_every else []
 
     def attach(self, loop: Any) -> None:
         """Check that the gradients' sum is within reach, and collect the arrays."""

@@ -9,8 +9,8 @@ import mxnet as mx
 import numpy as np
 
 from ..errors import clean_mxnet_message
-from ..executor_manager import output_short_name
-from ..invoke import PreparedCall
+from ..executor_manager.invoke import PreparedCall
+from ..executor_manager.outputs import output_short_name
 from .creation import Metric
 from .device import DeviceMetric
 from .host import HostMetric
@@ -279,9 +279,17 @@ class MetricAccumulator:
                 [pred[:valid] for pred, valid in zip(preds, valid_rows) if valid],
             )
 
-    def reset(self) -> None:
-        """Forget every batch added (right after a read, without queuing anything)."""
-        if self._last_read is not None:
+    def reset(self, zero: bool = False) -> None:
+        """Forget every batch added.
+
+        Right after a read nothing is queued: the sums go on, and what was read
+        is taken off the next read (exact while the float64 sums are; a
+        checkpoint keeps both, so a resumed run reads the same). ``zero=True``
+        sets the sums to zero instead (one operation per array), so that the
+        next read is the sum of its own batches alone, whatever came before:
+        what an evaluation needs, which keeps no state across a resumption.
+        """
+        if self._last_read is not None and not zero:
             self._baseline = self._last_read
         else:
             for sums in self._head_sums:

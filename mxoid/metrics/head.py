@@ -7,8 +7,8 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import mxnet as mx
 import numpy as np
 
-from ..executor_manager import output_short_name
-from ..private_heads import COUNTING_SUFFIX
+from ..executor_manager.outputs import output_short_name
+from ..executor_manager.private_heads import COUNTING_SUFFIX
 from .creation import Metric
 from .host import HostMetric
 from .naming import label_for_output

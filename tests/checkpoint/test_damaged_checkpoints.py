@@ -258,7 +258,7 @@ def test_load_params_and_predictor_racing_a_pruning_writer_read_the_newest_once(
 
 def test_a_folder_removed_while_read_is_a_checkpoint_error_naming_it(tmp_path, monkeypatch):
     _, newest = cut_run(tmp_path)
-    from mxoid.checkpoint import format as checkpoint_format
+    from mxoid.checkpoint import reading
 
     opened = []
 
@@ -268,6 +268,6 @@ def test_a_folder_removed_while_read_is_a_checkpoint_error_naming_it(tmp_path, m
             checkpoint_directory.remove_checkpoint(newest)
         return open(path, *args, **kwargs)
 
-    monkeypatch.setattr(checkpoint_format, "open", open_then_remove, raising=False)
+    monkeypatch.setattr(reading, "open", open_then_remove, raising=False)
     with pytest.raises(CheckpointError, match=f"checkpoint {newest} was removed while it was read"):
         read_checkpoint(newest)

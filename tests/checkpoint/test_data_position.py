@@ -3,7 +3,7 @@
 import mxnet as mx
 import numpy as np
 
-from mxoid.checkpoint.data_position import batches_per_epoch
+from mxoid.data.position import batches_per_epoch
 
 
 def test_batches_per_epoch():

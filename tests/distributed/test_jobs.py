@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mxoid import Evaluate, FinishAfter, MainLoop, distributed
-from mxoid.checkpoint.data_position import batches_per_epoch
+from mxoid.data.position import batches_per_epoch
 from mxoid.distributed import ServerOptimizer, allgather, allreduce_sums
 from mxoid.distributed.sharding import shard, shard_arrays
 

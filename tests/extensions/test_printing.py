@@ -12,7 +12,7 @@ from scripted import Script, small_loop
 from slow_ops import register_slow_identity
 
 from mxoid import Extension, FinishAfter, MainLoop, Printing, ProgressBar, TrackBest
-from mxoid.checkpoint.data_position import batches_per_epoch
+from mxoid.data.position import batches_per_epoch
 
 
 def test_printing_reports_status_and_records_after_each_epoch_and_at_the_end(capsys):

@@ -217,7 +217,7 @@ def test_a_reset_right_after_a_read_queues_nothing_and_later_reads_stay_exact(he
 
     for epoch in range(3):
         params = {k: v * (1 + epoch) for k, v in loop.get_params()[0].items()}
-        manager.set_params(params, {})
+        loop.manager.set_params(params, {})  # the evaluation set shares the arrays
         prob, labels = _run_batches(manager, accumulator, it)
         assert accumulator.values() == pytest.approx(expected(prob, labels), rel=1e-6)
         accumulator.reset()

@@ -165,8 +165,8 @@ def test_training_records_are_the_same_with_and_without_the_fused_operator(monke
         loop = _monitored_loop(
             net, X, y, {"fc_weight": mx.nd.array(weight), "fc_bias": mx.nd.zeros(3)}
         )
-        assert ("mxoid_metric_sums" in loop.manager._bound_symbol.tojson()) == fused
-        assert loop.extensions[1]._accumulators["again"].manager is loop.manager
+        assert ("mxoid_metric_sums" in loop.manager.training_set.bound_symbol.tojson()) == fused
+        assert loop.extensions[1]._accumulators["again"].manager is loop.manager.training_set
         loop.run()
         valid = mx.io.NDArrayIter(Xv, yv, 20, label_name="softmax_label", last_batch_handle="pad")
         scored = loop.score(valid, ["acc", "ce"])
@@ -219,7 +219,7 @@ def test_on_two_cpus_the_head_takes_mxnets_operators(monkeypatch, copies):
         )
         for n in (1, 2)
     ]
-    one, two = (loop.manager._bound_symbol.tojson() for loop in loops)
+    one, two = (loop.manager.training_set.bound_symbol.tojson() for loop in loops)
     assert "mxoid_metric" not in two
     assert ("mxoid_metric_sums" in one) == (copies is None)
     assert native.available()
@@ -330,7 +330,7 @@ def test_a_monitored_run_without_the_operator_trains_and_records(tmp_path):
         loop = MainLoop(net, it, extensions=[TrainingMonitoring(["acc", "ce"]),
                                              FinishAfter(after_n_epochs=1)])
         loop.run()
-        assert "mxoid_metric_rows" not in loop.manager._bound_symbol.tojson()
+        assert "mxoid_metric_rows" not in loop.manager.training_set.bound_symbol.tojson()
         print(native.unavailable_reason())
         print(loop.log.last("train_accuracy"), loop.log.last("train_cross_entropy"))
         """
@@ -380,7 +380,7 @@ def test_the_summing_head_leaves_batchnorm_and_dropout_training_unchanged(monkey
                 "fc2_bias": mx.nd.zeros(3),
             },
         )
-        assert ("mxoid_metric_sums" in loop.manager._bound_symbol.tojson()) == fused
+        assert ("mxoid_metric_sums" in loop.manager.training_set.bound_symbol.tojson()) == fused
         loop.run()
         arg, aux = loop.manager.get_params()
         records = {(i, k): v for i in loop.log for k, v in loop.log[i].items() if "_" in k}
@@ -417,7 +417,7 @@ SEVERAL_GENERATORS = textwrap.dedent(
             extensions=[TrainingMonitoring(["acc", "ce"])] * monitored
             + [FinishAfter(after_n_epochs=2)],
         )
-        fused = "mxoid_metric" in loop.manager._bound_symbol.tojson()
+        fused = "mxoid_metric" in loop.manager.training_set.bound_symbol.tojson()
         loop.run()
         arg, aux = loop.manager.get_params()
         return fused, {k: v.asnumpy() for k, v in {**arg, **aux}.items()}
@@ -497,7 +497,7 @@ def test_the_counting_switch_is_written_only_when_passes_change_between_training
             mx.io.NDArrayIter(X, y, 20, label_name="softmax_label"),
             extensions=extensions,
         )
-        assert "mxoid_metric_sums" in made.manager._bound_symbol.tojson()
+        assert "mxoid_metric_sums" in made.manager.training_set.bound_symbol.tojson()
         return made
 
     short, long = (_operator_counts(loop(n), tmp_path) for n in (4, 9))

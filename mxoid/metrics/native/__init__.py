@@ -42,7 +42,7 @@ from typing import List, Optional, Sequence
 
 import mxnet as mx
 
-from ...devices import one_random_generator
+from ...executor_manager.devices import one_random_generator
 
 __all__ = [
     "OP_NAME",

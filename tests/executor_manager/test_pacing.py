@@ -13,7 +13,7 @@ from conftest import TWO_CPUS, classification_data, initial_params
 from slow_ops import register_slow_identity
 
 from mxoid import Extension, FinishAfter, MainLoop, Predictor
-from mxoid.pacing import Pacer, auto_limit
+from mxoid.executor_manager.pacing import Pacer, auto_limit
 
 FORWARDS = []  # one entry per forward pass of SlowCountedIdentity the engine has run
 
@@ -198,7 +198,7 @@ def peak_growth_mib(kind, limit):
     import subprocess
     import sys
 
-    root = pathlib.Path(__file__).parents[1]
+    root = pathlib.Path(__file__).parents[2]
     completed = subprocess.run(
         [sys.executable, "-c", PEAK_SCRIPT]
         + [str(root), str(root / "benchmarks"), str(root / "tests"), kind, str(limit)],

@@ -6,7 +6,7 @@ import pytest
 from conftest import TWO_CPUS, classification_data, initial_params, mlp, two_heads
 
 from mxoid import DataParallelExecutorManager
-from mxoid.devices import split_batch
+from mxoid.executor_manager.devices import split_batch
 
 
 def numpy_mlp(params, X):

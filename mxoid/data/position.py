@@ -36,8 +36,8 @@ from typing import Any, Dict, List, Optional
 import mxnet as mx
 import numpy as np
 
-from .format import LOOP_STATE, CheckpointError, ResumeError
-from .random_state import get_random_states, set_random_states
+from ..checkpoint.format import LOOP_STATE, CheckpointError, ResumeError
+from ..checkpoint.random_state import get_random_states, set_random_states
 
 __all__ = ["DETERMINISTIC_RESETS", "DataPosition", "batches_per_epoch"]
 

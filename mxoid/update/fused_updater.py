@@ -53,7 +53,7 @@ from typing import Any, Dict, Optional, Union
 import mxnet as mx
 from mxnet.base import _LIB, check_call
 
-from .invoke import EngineBulk, PreparedCall
+from ..executor_manager.invoke import EngineBulk, PreparedCall
 
 __all__ = ["FusedSGDUpdater", "FusedUpdater", "create_updater", "fused_kernel"]
 

@@ -1,20 +1,59 @@
-"""Whether a checkpoint can resume a loop: the same training, and nothing of it missing.
+"""Which checkpoint resumes a loop: the same training, and nothing of it missing.
 
-``MainLoop`` asks it of each checkpoint :func:`~mxoid.checkpoint.find_checkpoint`
-considers, newest first: a :class:`ResumeError` stops the search (the checkpoint
-is of another training), a :class:`CheckpointError` moves on to an earlier one.
+:func:`choose_checkpoint` is what ``MainLoop(resume_from=...)`` does:
+:func:`~mxoid.checkpoint.find_checkpoint` considers the checkpoints newest
+first and asks :func:`check_resumable` of each: a :class:`ResumeError` stops
+the search (the checkpoint is of another training), a
+:class:`CheckpointError` moves on to an earlier one.
 """
 
 from __future__ import annotations
 
+import os
+from typing import Optional, Sequence
+
 import mxnet as mx
 
+from ..checkpoint import find_checkpoint
+from ..checkpoint.format import CheckpointContents, CheckpointError, ResumeError
+from ..data.position import DataPosition
 from ..executor_manager import DataParallelExecutorManager
-from ..initialization import parameter_shapes, shape_differences
-from .data_position import DataPosition
-from .format import CheckpointContents, CheckpointError, ResumeError
+from ..executor_manager.initialization import parameter_shapes, shape_differences
 
-__all__ = ["check_resumable"]
+__all__ = ["check_resumable", "choose_checkpoint"]
+
+
+def choose_checkpoint(
+    resume_from: Optional[os.PathLike[str] | str],
+    own_directories: Sequence[str],
+    symbol: mx.sym.Symbol,
+    manager: DataParallelExecutorManager,
+    data_position: DataPosition,
+    *,
+    update_on_kvstore: bool,
+    accumulate_batches: int,
+    states_on_servers: bool,
+) -> Optional[CheckpointContents]:
+    """Return the checkpoint ``resume_from`` names that can resume this loop (None: start anew).
+
+    ``own_directories`` are the checkpoint directories of the loop's
+    extensions (:attr:`~mxoid.Extension.checkpoint_directory`): one of them
+    may not exist yet, in a first run. What ``resume_from`` accepts is in
+    :mod:`mxoid.checkpoint.directory`; what must match, in :func:`check_resumable`.
+    """
+    return find_checkpoint(
+        resume_from,
+        own_directories,
+        lambda contents: check_resumable(
+            contents,
+            symbol,
+            manager,
+            data_position,
+            update_on_kvstore=update_on_kvstore,
+            accumulate_batches=accumulate_batches,
+            states_on_servers=states_on_servers,
+        ),
+    )
 
 
 def check_resumable(

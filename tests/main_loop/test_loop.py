@@ -125,6 +125,9 @@ class HookRecorder(Extension):
     def before_batch(self, batch):
         self._record("before_batch")
 
+    def after_backward(self, batch):
+        self._record("after_backward")
+
     def after_batch(self, batch):
         self._record("after_batch")
 
@@ -154,7 +157,11 @@ def test_each_hook_fires_the_documented_number_of_times_in_order():
         expected.append(("before_epoch", 4 * epoch, epoch))
         for batch in range(4):
             done = 4 * epoch + batch
-            expected += [("before_batch", done, epoch), ("after_batch", done + 1, epoch)]
+            expected += [
+                ("before_batch", done, epoch),
+                ("after_backward", done, epoch),
+                ("after_batch", done + 1, epoch),
+            ]
         expected.append(("after_epoch", 4 * epoch + 4, epoch + 1))
     expected.append(("after_training", 8, 2))
     assert firsts == expected

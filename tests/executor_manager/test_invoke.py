@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from conftest import TWO_CPUS
 
-from mxoid.invoke import PreparedCall, PreparedCopy, PreparedPushPull
+from mxoid.executor_manager.invoke import PreparedCall, PreparedCopy, PreparedPushPull
 
 
 def arrays(seed, shape=(7, 5), ctx=None):

@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM that stop training cleanly, as in Blocks.
 
-What a signal means, from its handler to the exit message.
+What a signal means, from its handler to the exit message and status.
 
 The first Ctrl-C lets the current epoch finish; a second Ctrl-C, or a
 SIGTERM (what a cluster sends before it kills a job), lets only the current
@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any, Dict, Optional, Sequence
 
-from .log.records import counted
-from .log.status import TrainingStatus
+from ..log.records import counted
+from ..log.status import TrainingStatus
 
 __all__ = [
     "InterruptHandlers",
@@ -30,6 +31,7 @@ __all__ = [
     "epoch_interrupted",
     "exit_status",
     "interruption_message",
+    "report_interruption",
     "signal_number",
 ]
 
@@ -163,3 +165,17 @@ def interruption_message(
         f"{counted(status.epochs_done, 'epoch')} and {counted(status.iterations_done, 'batch')}"
         f". {where}"
     )
+
+
+def report_interruption(
+    status: TrainingStatus, saved: Optional[str], directories: Sequence[str], exit: bool
+) -> None:
+    """After training cut short by a signal: say how to resume, then exit if ``exit``.
+
+    The message (:func:`interruption_message`) goes to standard error; the exit
+    status is 128 + the signal number (:func:`exit_status`), as a shell
+    reports a process the signal killed.
+    """
+    print(interruption_message(status, saved, directories), file=sys.stderr, flush=True)
+    if exit:
+        raise SystemExit(exit_status(status.interrupted))

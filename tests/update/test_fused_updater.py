@@ -6,7 +6,7 @@ import pytest
 from conftest import TWO_CPUS, classification_data, initial_params, mlp
 
 from mxoid import Extension, FinishAfter, MainLoop
-from mxoid.fused_updater import FusedSGDUpdater, FusedUpdater, fused_kernel
+from mxoid.update.fused_updater import FusedSGDUpdater, FusedUpdater, fused_kernel
 
 NAMES = ["fc1_weight", "fc1_bias", "fc2_weight", "fc2_bias"]
 SHAPES = [(16, 10), (16,), (3, 16), (3,)]
@@ -368,7 +368,7 @@ def _bulk_size() -> int:
 
 
 def test_engine_bulk_sets_the_size_and_puts_the_one_before_back():
-    from mxoid.invoke import EngineBulk
+    from mxoid.executor_manager.invoke import EngineBulk
 
     assert _bulk_size() == 0
     with EngineBulk(6):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Mapping, Optional, Tuple
 
 import mxnet as mx
 
-from .executor_manager import DataParallelExecutorManager
+if TYPE_CHECKING:  # pragma: no cover
+    from .manager import DataParallelExecutorManager
 
 __all__ = ["initial_params", "parameter_shapes", "shape_differences"]
 

@@ -3,31 +3,35 @@
 :func:`loop_state` is what :meth:`mxoid.MainLoop.state_dict` returns (the
 ``loop.json`` of a checkpoint folder, :data:`~mxoid.checkpoint.format.LOOP_STATE_KEYS`
 and more); :func:`restore_loop_state` is what :meth:`~mxoid.MainLoop.load_state_dict`
-does with a checkpoint. They take the loop as an argument and read or set its
-parts: the log and status, the extensions (through the dispatcher), the
-optimizer step (``loop.update``), the training iterator's position, the random
-states and the gradients of an unfinished accumulation group.
+does with a checkpoint: it gives back the loop's parts, the log and status, the
+extensions (through the dispatcher), the optimizer step (``loop.update``, with
+:func:`given_settings_win`: the resume policy), the training iterator's
+position, the random states and the gradients of an unfinished accumulation group.
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Dict
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping
 
 import mxnet as mx
 
+from ..checkpoint.format import CheckpointContents, CheckpointError, ResumeError
+from ..checkpoint.random_state import get_random_states, set_random_states
 from ..log.files import RESUMED_FROM
 from ..log.records import plain_value
-from .format import CheckpointContents, CheckpointError
-from .random_state import get_random_states, set_random_states
+from .accumulation import restore_gradients
 
-__all__ = ["loop_state", "restore_loop_state"]
+if TYPE_CHECKING:  # pragma: no cover
+    from .loop import MainLoop
+
+__all__ = ["given_settings_win", "loop_state", "restore_loop_state"]
 
 logger = logging.getLogger("mxoid.main_loop")  # where resumption has always been logged
 
 
-def loop_state(loop: Any) -> Dict[str, Any]:
+def loop_state(loop: MainLoop) -> Dict[str, Any]:
     """Return ``loop``'s state as plain JSON-ready data, for a checkpoint.
 
     Holds the log (records as plain values, see
@@ -56,7 +60,7 @@ def loop_state(loop: Any) -> Dict[str, Any]:
     }
 
 
-def restore_loop_state(loop: Any, checkpoint: CheckpointContents, stacklevel: int = 2) -> None:
+def restore_loop_state(loop: MainLoop, checkpoint: CheckpointContents, stacklevel: int = 2) -> None:
     """Make ``loop`` continue the run of ``checkpoint``.
 
     Restore its optimizer states, log, status, extension states, iterator
@@ -67,10 +71,14 @@ def restore_loop_state(loop: Any, checkpoint: CheckpointContents, stacklevel: in
     """
     state = checkpoint.loop_state
     if checkpoint.optimizer_states is not None:
+        update = loop.update
+        restored = update.load_states(checkpoint.optimizer_states)
         started = (state.get("optimizer") or {}).get("settings", {})
-        for change in loop.update.load_states(
-            checkpoint.optimizer_states, started, checkpoint.path
-        ):
+        changes = given_settings_win(
+            restored, update.optimizer, update.settings, started, checkpoint.path
+        )
+        update.use_optimizer(restored)
+        for change in changes:
             warnings.warn(f"resuming from {checkpoint.path} with {change}", stacklevel=stacklevel)
     loop.log.load_state_dict(state["log"])
     loop.log.current_row[RESUMED_FROM] = checkpoint.path
@@ -79,7 +87,7 @@ def restore_loop_state(loop: Any, checkpoint: CheckpointContents, stacklevel: in
     if "updates_done" not in state["status"]:  # mxoid 0.1: one update per batch
         status.updates_done = status.iterations_done
     if checkpoint.gradients:
-        _restore_gradients(loop.manager, checkpoint.gradients)
+        restore_gradients(loop.manager, checkpoint.gradients)
     fixed = state.get("fixed_param_names")
     if fixed is not None and sorted(fixed) != sorted(loop.manager.fixed_param_names):
         warnings.warn(
@@ -115,9 +123,55 @@ def restore_loop_state(loop: Any, checkpoint: CheckpointContents, stacklevel: in
     )
 
 
-def _restore_gradients(manager: Any, gradients: Dict[str, mx.nd.NDArray]) -> None:
-    """Copy a checkpoint's ``'<device>:<parameter>'`` gradients into the manager's."""
-    for name, grads in zip(manager.param_names, manager.grad_arrays):
-        for device, grad in enumerate(grads):
-            if grad is not None:
-                gradients[f"{device}:{name}"].copyto(grad)
+def given_settings_win(
+    restored: mx.optimizer.Optimizer,
+    given: mx.optimizer.Optimizer,
+    settings: Mapping[str, Any],
+    started: Mapping[str, Any],
+    where: str,
+) -> List[str]:
+    """Apply the resume policy to a checkpoint's optimizer; return the settings changed.
+
+    The checkpoint's optimizer (``restored``, with its states) continues,
+    except for the settings this loop was given (``settings``:
+    :func:`~mxoid.update.optimizer_settings` of ``given``) that differ from
+    those the saved run ``started`` with: the new value wins. A scheduler
+    given anew does not replace the checkpoint's, whose state it would lose.
+
+    Raises
+    ------
+    ResumeError
+        When the checkpoint's optimizer is of another type.
+    """
+    if type(restored).__name__ != settings["type"]:
+        raise ResumeError(
+            f"checkpoint {where} was trained with the optimizer {type(restored).__name__}, "
+            f"this loop has {settings['type']}; its states (momentum, moments) do not fit "
+            f"another optimizer. Resume with optimizer={type(restored).__name__.lower()!r}, "
+            "or start a new run from the checkpoint's parameters"
+        )
+    changes = []
+    for name, value in settings["settings"].items():
+        before = started.get(name, value)
+        if before == value:
+            continue
+        if name == "lr_scheduler":
+            changes.append(
+                f"the optimizer's lr_scheduler changed ({before} -> {value}); "
+                "the checkpoint's scheduler and its state are kept"
+            )
+            continue
+        current = getattr(restored, name, None)
+        if name in ("lr_mult", "wd_mult"):
+            getattr(restored, name).clear()
+            getattr(restored, name).update(getattr(given, name))
+        elif name == "lr" and restored.lr_scheduler is not None:
+            restored.lr_scheduler.base_lr = value
+        else:
+            setattr(restored, name, value)
+        changes.append(
+            f"the optimizer's {name}={value!r} given to this MainLoop (the run "
+            f"started with {before!r}, and had {current!r} when saved); its "
+            "state is kept"
+        )
+    return changes

@@ -1,0 +1,146 @@
+"""Building a loop: its inputs checked, and the private heads its extensions ask for."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import mxnet as mx
+
+from ..checkpoint import CheckpointContents
+from ..executor_manager import DataParallelExecutorManager, split_batch
+from ..executor_manager.initialization import initial_params
+from ..executor_manager.private_heads import RUNNING_SUMS_PREFIX
+from ..extensions.base import Extension, HeadRequest
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .loop import MainLoop
+
+__all__ = [
+    "bind_training",
+    "check_inputs",
+    "private_heads",
+    "rows_per_device",
+    "set_initial_params",
+]
+
+
+def check_inputs(symbol: Any, train_data: Any, initializer: Any) -> None:
+    """Raise ``TypeError`` for a symbol, iterator or initializer of the wrong type, saying which."""
+    if not isinstance(symbol, mx.sym.Symbol):
+        raise TypeError(f"symbol must be an mx.sym.Symbol, not {type(symbol).__name__}")
+    for attribute in ("provide_data", "provide_label", "reset"):
+        if not hasattr(train_data, attribute):
+            raise TypeError(
+                f"train_data must be an mx.io.DataIter (it has no {attribute}); "
+                f"got {type(train_data).__name__}"
+            )
+    if initializer is not None and not isinstance(initializer, mx.init.Initializer):
+        raise TypeError(
+            f"initializer must be an mx.init.Initializer such as mx.init.Xavier(), "
+            f"not {type(initializer).__name__} ({initializer!r})"
+        )
+
+
+def rows_per_device(
+    train_data: mx.io.DataIter, devices: int, work_load_list: Optional[Sequence[float]]
+) -> List[int]:
+    """Return how many rows of a training batch each device gets (as the manager splits it).
+
+    Empty when the inputs are not right: the manager then says what is wrong.
+    """
+    shares = list(work_load_list) if work_load_list is not None else [1] * devices
+    try:
+        batch_size = int(list(train_data.provide_data)[0][1][0])
+        if not devices or len(shares) != devices:
+            return []
+        return [s.stop - s.start for s in split_batch(batch_size, shares)]
+    except (ValueError, TypeError, IndexError):
+        return []
+
+
+def private_heads(
+    extensions: Sequence[Extension],
+    symbol: mx.sym.Symbol,
+    train_data: mx.io.DataIter,
+    contexts: Sequence[mx.Context],
+    work_load_list: Optional[Sequence[float]],
+) -> List[Tuple[Extension, mx.sym.Symbol]]:
+    """Ask each extension for its private head (:meth:`Extension.private_head`).
+
+    Returns ``(extension, head)`` for those that gave one, in their order:
+    the training executors bind the heads in that order, each keeping its
+    running sums under a name of its own.
+    """
+    rows = rows_per_device(train_data, len(contexts), work_load_list)
+    if not rows:
+        return []
+    request = HeadRequest(
+        symbol,
+        list(train_data.provide_data),
+        list(train_data.provide_label or []),
+        rows,
+        list(contexts),
+        RUNNING_SUMS_PREFIX,
+    )
+    heads: List[Tuple[Extension, mx.sym.Symbol]] = []
+    for extension in extensions:
+        head = extension.private_head(
+            request._replace(running_sums=f"{RUNNING_SUMS_PREFIX}{len(heads)}")
+        )
+        if head is not None:
+            heads.append((extension, head))
+    return heads
+
+
+def bind_training(
+    loop: MainLoop,
+    work_load_list: Optional[Sequence[float]],
+    fixed_param_names: Optional[Sequence[str]],
+) -> Tuple[DataParallelExecutorManager, Dict[int, int]]:
+    """Bind the loop's training executors, with the private heads its extensions ask for.
+
+    Returns the manager, and the index of each extension's head among its
+    private outputs, by ``id(extension)``.
+    """
+    data = loop.train_data
+    heads = private_heads(loop.extensions, loop.symbol, data, loop.contexts, work_load_list)
+    manager = DataParallelExecutorManager(
+        loop.symbol,
+        loop.contexts,
+        data.provide_data,
+        data.provide_label,
+        work_load_list=work_load_list,
+        fixed_param_names=fixed_param_names or (),
+        grad_req="add" if loop.accumulate_batches > 1 else "write",
+        private_heads=[head for _, head in heads],
+    )
+    return manager, {id(extension): i for i, (extension, _) in enumerate(heads)}
+
+
+def set_initial_params(
+    manager: DataParallelExecutorManager,
+    symbol: mx.sym.Symbol,
+    initializer: Optional[mx.init.Initializer],
+    arg_params: Optional[Mapping[str, mx.nd.NDArray]],
+    aux_params: Optional[Mapping[str, mx.nd.NDArray]],
+    allow_extra: bool,
+    checkpoint: Optional[CheckpointContents],
+) -> Dict[str, mx.nd.NDArray]:
+    """Set every device's parameters: the checkpoint's, or those given, or drawn anew.
+
+    Call it before the kvstore is initialized: with several devices it holds
+    the master copy, which would overwrite values set later. Returns the
+    parameters' host values (the kvstore starts from them).
+    """
+    if checkpoint is not None:
+        arg_params, aux_params = checkpoint.arg_params, checkpoint.aux_params
+    arg_values, aux_values = initial_params(
+        manager,
+        symbol,
+        initializer,
+        arg_params,
+        aux_params,
+        allow_extra=allow_extra or checkpoint is not None,
+    )
+    manager.set_params(arg_values, aux_values)
+    return arg_values

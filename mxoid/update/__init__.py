@@ -1,0 +1,44 @@
+"""The optimizer step: the kvstore, the optimizer, the update functions, a loop's step.
+
+Plain functions, as in MXNet's own ``model.py``: a kvstore is created
+(:func:`create_kvstore`) and initialized once (:func:`initialize_kvstore`),
+the optimizer created with the rescaling and index map the update functions
+use (:func:`create_optimizer`), then every batch either pushes the gradients
+to the kvstore, which runs the optimizer (:func:`update_params_on_kvstore`),
+or sums them through it and runs one local updater per device
+(:func:`update_params`). :func:`prepare_update` does the whole set-up for a
+loop in one call and returns an :class:`Update`.
+
+- :mod:`.kvstore`: creating and filling the kvstore;
+- :mod:`.optimizer`: creating the optimizer, its settings as plain data;
+- :mod:`.functions`: the update functions;
+- :mod:`.step`: :class:`Update` and :func:`prepare_update`;
+- :mod:`.fused_updater`: SGD, NAG and Adam as one fused kernel per parameter.
+"""
+
+from .functions import (
+    local_update,
+    local_update_parts,
+    prepared_update_on_kvstore,
+    update_params,
+    update_params_on_kvstore,
+)
+from .kvstore import KVStoreLike, create_kvstore, initialize_kvstore, kvstore_keys
+from .optimizer import create_optimizer, optimizer_settings
+from .step import Update, prepare_update
+
+__all__ = [
+    "KVStoreLike",
+    "Update",
+    "create_kvstore",
+    "create_optimizer",
+    "initialize_kvstore",
+    "kvstore_keys",
+    "local_update",
+    "local_update_parts",
+    "optimizer_settings",
+    "prepare_update",
+    "prepared_update_on_kvstore",
+    "update_params",
+    "update_params_on_kvstore",
+]

@@ -1,0 +1,172 @@
+"""The per-batch optimizer step of a loop, as :func:`prepare_update` sets it up."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Union
+
+import mxnet as mx
+
+from ..distributed.servers import is_distributed, set_server_optimizer
+from .functions import local_update_parts, prepared_update_on_kvstore
+from .fused_updater import create_updater
+from .kvstore import initialize_kvstore, kvstore_keys
+from .optimizer import create_optimizer, optimizer_settings
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..executor_manager import DataParallelExecutorManager
+
+__all__ = ["Update", "prepare_update"]
+
+
+class Update:
+    """The optimizer step of a loop, as :func:`prepare_update` sets it up.
+
+    Attributes
+    ----------
+    kvstore : KVStore or None
+    update_on_kvstore : bool
+        Whether the kvstore (its updater, or the servers) runs the optimizer.
+    optimizer : mx.optimizer.Optimizer
+        The optimizer that updates the parameters (replaced by
+        :meth:`load_states`: the checkpoint's).
+    updater : mx.optimizer.Updater or None
+        The local updater, when the kvstore does not update.
+    settings : dict
+        :func:`optimizer_settings` of the optimizer as the loop was given it.
+    step : callable
+        Called with no argument after a backward pass (the last of a group, with
+        gradient accumulation): sums the gradients and updates the parameters on
+        every device. It is ``reduce`` then ``apply``.
+    reduce : callable or None
+        The first half: sums each gradient over the devices (and workers) in
+        place, so every device holds the sum. None when there is nothing to sum
+        there: one device and no kvstore, or the kvstore updates (it sums).
+    apply : callable
+        The second half: the optimizer's update.
+    """
+
+    def __init__(
+        self,
+        kvstore: Optional[mx.kvstore.KVStore],
+        update_on_kvstore: bool,
+        optimizer: mx.optimizer.Optimizer,
+        updater: Optional[mx.optimizer.Updater],
+        reduce: Optional[Callable[[], None]],
+        apply: Callable[[], None],
+    ) -> None:
+        self.kvstore = kvstore
+        self.update_on_kvstore = update_on_kvstore
+        self.optimizer = optimizer
+        self.updater = updater
+        self.settings = optimizer_settings(optimizer)
+        self.reduce, self.apply = reduce, apply
+        if reduce is None:
+            self.step = apply
+        else:
+
+            def step() -> None:
+                reduce()
+                apply()
+
+            self.step = step
+
+    def settle_buffers(self, synchronize: Callable[[], None]) -> None:
+        """Let the kvstore's updater reuse its prepared calls (see ``FusedUpdater``).
+
+        When it has buffers to settle, wait for the engine (``synchronize``)
+        and note them: once at the end of the first epoch, and again after
+        new plans (new optimizer states from a checkpoint).
+        """
+        updater = self._states_updater() if self.update_on_kvstore else None
+        if getattr(updater, "buffers_to_settle", False):
+            synchronize()
+            updater.settle_buffers()
+
+    def _states_updater(self) -> Optional[mx.optimizer.Updater]:
+        """Return the updater holding the optimizer states here; None when the servers hold them."""
+        if self.update_on_kvstore:
+            return getattr(self.kvstore, "_updater", None)
+        return self.updater
+
+    def states(self) -> Optional[bytes]:
+        """Return the optimizer and its states as MXNet dumps them.
+
+        None with a distributed kvstore that updates (the states live on the servers).
+        """
+        updater = self._states_updater()
+        return None if updater is None else updater.get_states(dump_optimizer=True)
+
+    def load_states(self, states: bytes) -> mx.optimizer.Optimizer:
+        """Give the updater holding the optimizer states those of a checkpoint.
+
+        ``states`` are MXNet's dump of an updater with its optimizer
+        (``get_states(dump_optimizer=True)``). Returns the optimizer they hold,
+        which the updater now uses, with its states (momentum, update counts,
+        schedule); :meth:`use_optimizer` makes it this step's.
+        """
+        updater = self._states_updater()
+        updater.set_states(states)
+        return updater.optimizer
+
+    def use_optimizer(self, optimizer: mx.optimizer.Optimizer) -> None:
+        """Make ``optimizer`` (the one :meth:`load_states` returned) the one that updates.
+
+        It keeps this step's index-to-name map (the indices its update functions
+        use); the fused updater prepares its calls anew.
+        """
+        optimizer.idx2name = self.optimizer.idx2name.copy()
+        self.optimizer = optimizer
+        updater = self._states_updater()
+        if hasattr(updater, "_plans"):
+            updater._plans.clear()
+
+
+def prepare_update(
+    manager: DataParallelExecutorManager,
+    symbol: mx.sym.Symbol,
+    kvstore: Optional[mx.kvstore.KVStore],
+    update_on_kvstore: bool,
+    optimizer: Union[str, mx.optimizer.Optimizer],
+    optimizer_params: Optional[Dict[str, object]],
+    arg_params: Dict[str, mx.nd.NDArray],
+    accumulate_batches: int = 1,
+) -> Update:
+    """Set up the optimizer step: the optimizer, the kvstore's contents, the updater.
+
+    Call it once the devices hold the initial parameters (``arg_params``, host
+    copies: they go on the kvstore). With a distributed kvstore the servers
+    get their :class:`~mxoid.distributed.ServerOptimizer` (a collective
+    call). On one machine an updating kvstore gets mxoid's faster updater.
+    """
+    optimizer = create_optimizer(
+        optimizer,
+        optimizer_params,
+        symbol=symbol,
+        param_names=manager.param_names,
+        num_devices=len(manager.contexts),
+        batch_size=manager.batch_size,
+        kvstore=kvstore,
+        update_on_kvstore=update_on_kvstore,
+        accumulate_batches=accumulate_batches,
+    )
+    keys = kvstore_keys(kvstore, manager.param_names)
+    updater = None if update_on_kvstore else create_updater(optimizer)
+    if kvstore is not None:
+        initialize_kvstore(
+            kvstore, manager.param_arrays, arg_params, manager.param_names, update_on_kvstore, keys
+        )
+        if is_distributed(kvstore):
+            set_server_optimizer(
+                kvstore, optimizer if update_on_kvstore else None, len(manager.param_names)
+            )
+        elif update_on_kvstore:
+            # What kvstore.set_optimizer does on one machine, with the faster updater.
+            kvstore._set_updater(create_updater(optimizer, kvstore_buffers=True))
+    if update_on_kvstore:
+        reduce = None
+        apply = prepared_update_on_kvstore(manager.param_arrays, manager.grad_arrays, kvstore, keys)
+    else:
+        reduce, apply = local_update_parts(
+            manager.param_arrays, manager.grad_arrays, updater, len(manager.contexts), kvstore, keys
+        )
+    return Update(kvstore, update_on_kvstore, optimizer, updater, reduce, apply)
