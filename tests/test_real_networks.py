@@ -87,7 +87,7 @@ class WaitingModule(mx.mod.Module):
         return super().get_params()
 
 
-def module_fit(name, contexts, kvstore, epochs, module_class=WaitingModule):
+def module_fit(name, contexts, kvstore, epochs, module_class=WaitingModule, eval_data=None):
     net = network(name)
     args, aux = initial_params(net, (BATCH, 1, 8, 8))
     mx.random.seed(SEED)
@@ -100,6 +100,8 @@ def module_fit(name, contexts, kvstore, epochs, module_class=WaitingModule):
         arg_params=args,
         aux_params=aux,
         kvstore=kvstore,
+        eval_data=eval_data,
+        eval_metric=["acc", "ce"],
     )
     mx.nd.waitall()
     got_args, got_aux = module.get_params()
@@ -124,6 +126,32 @@ def test_parameters_and_statistics_equal_module_fit(name, devices, kvstore):
     assert_same(ours[1], theirs[1])
     for key in start_aux:  # the statistics moved: there was something to get wrong
         assert not np.array_equal(ours[1][key], start_aux[key]), key
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "mxnet-operators"])
+@pytest.mark.parametrize("devices", ["one", "two"])
+def test_mobilenet_with_evaluation_equals_module_fit_with_eval_data(devices, fused, monkeypatch):
+    """MXNet's depthwise-convolution network with BatchNorm(fix_gamma=True): an Evaluate at the
+    training batch size after every epoch, computed with mxoid's fused operator or with
+    MXNet's, leaves training as it was; mxoid equals Module.fit with eval_data (whose
+    get_params() returns the host copy taken before its score; its executors hold the
+    gammas its score wrote 1 into)."""
+    from mxoid.metrics import native
+
+    if not fused:
+        monkeypatch.setattr(native, "available", lambda: False)
+    evaluate = Evaluate({"valid": valid_iter()}, ["acc", "ce"])
+    loop = make_loop("mobilenet", DEVICES[devices], [FinishAfter(after_n_epochs=2), evaluate])
+    ours = loop_params(loop.run())
+    plain = loop_params(
+        make_loop("mobilenet", DEVICES[devices], [FinishAfter(after_n_epochs=2)]).run()
+    )
+    theirs = module_fit("mobilenet", DEVICES[devices], "local", epochs=2, eval_data=valid_iter())
+    assert "valid_accuracy" in loop.log[8]
+    assert_same(ours[0], plain[0])
+    assert_same(ours[1], plain[1])
+    assert_same(ours[0], theirs[0])
+    assert_same(ours[1], theirs[1])
 
 
 def test_module_fit_itself_saves_stale_batchnorm_statistics():

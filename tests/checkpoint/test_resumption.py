@@ -291,9 +291,15 @@ def test_sigkill_always_leaves_a_checkpoint_to_resume_from(tmp_path, reference_p
         ([signal.SIGINT, signal.SIGINT], 128 + signal.SIGINT, "batch"),
     ],
 )
-def test_signals_stop_cleanly_with_a_checkpoint(tmp_path, signals, code, stops_at):
+@pytest.mark.parametrize("every", [None, 1], ids=["epochs", "every-batch"])
+def test_signals_stop_cleanly_with_a_checkpoint(tmp_path, signals, code, stops_at, every):
+    """And the interruption is still in the log after a resumption, also when a periodic
+    checkpoint was saved in the very batch the signal arrived in."""
     log = tmp_path / "log.jsonl"
-    run = Trainer(tmp_path / "checkpoints", "--epochs", "50", "--delay", "0.02", "--log", str(log))
+    periodic = [] if every is None else ["--every-n-batches", str(every)]
+    run = Trainer(
+        tmp_path / "checkpoints", "--epochs", "50", "--delay", "0.02", "--log", str(log), *periodic
+    )
     line = run.wait_for("BATCH 13")
     for signum in signals:
         run.process.send_signal(signum)
@@ -319,6 +325,14 @@ def test_signals_stop_cleanly_with_a_checkpoint(tmp_path, signals, code, stops_a
     written = read_log(str(log))
     assert written[-1]["iteration"] == status["iterations_done"]
     assert written[-1]["training_finish_requested"].startswith("interrupted by")
+    # Resumed to the end of the epoch after: the interruption stays where it was.
+    resumed = Trainer(tmp_path / "checkpoints", "--resume", "--epochs", "3", "--log", str(log))
+    returncode, err = resumed.finish(120)
+    assert returncode == 0, err
+    stop_row = {r["iteration"]: r for r in read_log(str(log))}[status["iterations_done"]]
+    assert stop_row["training_finish_requested"].startswith("interrupted by")
+    final = dict(latest_checkpoint(str(tmp_path / "checkpoints")).loop_state["log"]["rows"])
+    assert final[status["iterations_done"]]["training_finish_requested"].startswith("interrupted")
 
 
 def test_signal_handlers_are_restored_after_training(tmp_path):

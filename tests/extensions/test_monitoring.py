@@ -661,3 +661,26 @@ def test_batchnorm_dropout_training_metrics_are_the_same_with_an_evaluation_befo
         np.testing.assert_allclose(
             evaluated_auxs[name].asnumpy(), array.asnumpy(), rtol=1e-6, atol=1e-7, err_msg=name
         )
+
+
+def test_an_evaluation_repeated_gives_the_same_records_to_the_last_digit():
+    """Each evaluation sums its own batches: a run resumed from a checkpoint (whose Evaluate
+    starts from zero) writes the same records as the uninterrupted run. (Before, the sums
+    went on across evaluations and each took the previous total off, which rounds
+    differently once the totals are large: the 16th digit of valid_cross_entropy.)"""
+    X, y = classification_data(n=2000, seed=5)
+    net = mlp()
+    params = {k: v * 6 for k, v in initial_params(net, (50, 10), seed=2).items()}  # confident
+    loop = MainLoop(
+        net,
+        mx.io.NDArrayIter(X[:100], y[:100], batch_size=50, label_name="softmax_label"),
+        arg_params=params,
+        extensions=[FinishAfter(after_n_epochs=1)],
+    )
+    evaluate = Evaluate(
+        {"valid": mx.io.NDArrayIter(X, y, batch_size=50, label_name="softmax_label")}, ["acc", "ce"]
+    )
+    evaluate.attach(loop)
+    first = evaluate.evaluate()
+    for _ in range(12):
+        assert evaluate.evaluate() == first
