@@ -9,8 +9,6 @@ set's parameter, gradient and auxiliary arrays and its memory pool, as
 
 from __future__ import annotations
 
-import difflib
-import json
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
@@ -18,11 +16,12 @@ import numpy as np
 
 from ..errors import clean_mxnet_message
 from .devices import forward_work_load, split_batch
+from .initialization import fixed_gammas
 from .invoke import PreparedCopy, backward_pass, forward_pass
 from .outputs import OutputArrays, output_short_name
 from .private_heads import PrivateHeads
 
-__all__ = ["DataDescLike", "ExecutorSet", "as_descs", "check_fixed", "fixed_gammas"]
+__all__ = ["DataDescLike", "ExecutorSet", "as_descs"]
 
 DataDescLike = Union[mx.io.DataDesc, Tuple[str, Tuple[int, ...]]]
 
@@ -46,46 +45,6 @@ def _same_shape(array: mx.nd.NDArray, shape: Sequence[int], name: str) -> mx.nd.
             f"{array.shape} in the executors it shares; it cannot be shared"
         )
     return array
-
-
-def check_fixed(names: Sequence[str], param_names: Sequence[str]) -> List[str]:
-    """Return ``names`` as a list, or raise naming the closest parameters of a mistyped one."""
-    if isinstance(names, str):
-        names = [names]
-    names = list(names or ())
-    for name in names:
-        if name not in param_names:
-            close = difflib.get_close_matches(name, param_names, n=3, cutoff=0.5)
-            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
-            raise ValueError(
-                f"fixed_param_names has {name!r}, which is not a parameter of the "
-                f"network{hint} Its parameters are {list(param_names)}"
-            )
-    return names
-
-
-_BATCH_NORMS = ("BatchNorm", "BatchNorm_v1", "_contrib_SyncBatchNorm")
-
-
-def fixed_gammas(symbol: mx.sym.Symbol) -> List[str]:
-    """Return the gamma arguments of ``symbol``'s BatchNorms with ``fix_gamma`` (MXNet's default).
-
-    Such a BatchNorm writes 1 into its gamma array in every forward pass,
-    training or not, while the optimizer's weight decay and momentum move it
-    between passes: an evaluation on executors sharing the training gammas
-    would change what the next update and checkpoint see.
-    """
-    nodes = json.loads(symbol.tojson())["nodes"]
-    names = []
-    for node in nodes:
-        if node["op"] not in _BATCH_NORMS:
-            continue
-        attributes = node.get("attrs") or node.get("attr") or node.get("param") or {}
-        if str(attributes.get("fix_gamma", "True")).lower() in ("true", "1"):
-            gamma = nodes[node["inputs"][1][0]]
-            if gamma["op"] == "null":
-                names.append(gamma["name"])
-    return names
 
 
 class ExecutorSet:
@@ -238,14 +197,39 @@ class ExecutorSet:
             if self.shared is None:
                 names = self.bound_symbol.list_arguments()  # the heads' after the symbol's
                 grad_req = {n: self._grad_req(n, shapes) for n in names}
-                return self.bound_symbol.simple_bind(
+                executor = self.bound_symbol.simple_bind(
                     ctx, grad_req=grad_req, type_dict=types, **shapes
                 )
+                return self._with_tallies(executor, ctx, grad_req)
             return self._bind_shared(device, ctx, shapes, types)
         except (mx.base.MXNetError, RuntimeError) as error:
             raise ValueError(
                 f"the symbol rejects the input shapes {shapes}: {clean_mxnet_message(error)}"
             ) from None
+
+    def _with_tallies(
+        self, executor: mx.executor.Executor, ctx: mx.Context, grad_req: Dict[str, str]
+    ) -> mx.executor.Executor:
+        """Bind again with each tally's gradient array its argument's own (see ``TALLY_SUFFIX``).
+
+        ``simple_bind`` gives every argument a gradient array of its own; the
+        executor bound again takes the same arrays and memory pool.
+        """
+        tallies = self._private.tally_names
+        if not tallies:
+            return executor
+        grads = {n: g for n, g in executor.grad_dict.items() if g is not None}
+        for name in tallies:
+            grads[name] = executor.arg_dict[name]
+            grads[name][:] = 0
+        return self.bound_symbol.bind(
+            ctx,
+            args=executor.arg_dict,
+            args_grad=grads,
+            grad_req=grad_req,
+            aux_states=executor.aux_dict,
+            shared_exec=executor,
+        )
 
     def _bind_shared(
         self, device: int, ctx: mx.Context, shapes: Dict[str, tuple], types: Dict[str, np.dtype]

@@ -1,16 +1,24 @@
-"""Initial parameter values: the ones given, the rest from an initializer."""
+"""The parameters: initial values (the ones given, the rest drawn), fixed ones, their shapes."""
 
 from __future__ import annotations
 
+import difflib
+import json
 import logging
-from typing import TYPE_CHECKING, Dict, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import mxnet as mx
 
 if TYPE_CHECKING:  # pragma: no cover
     from .manager import DataParallelExecutorManager
 
-__all__ = ["initial_params", "parameter_shapes", "shape_differences"]
+__all__ = [
+    "check_fixed",
+    "fixed_gammas",
+    "initial_params",
+    "parameter_shapes",
+    "shape_differences",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -119,3 +127,43 @@ def shape_differences(ours: Shapes, theirs: Shapes) -> str:
         f"other shapes: {shapes}" if shapes else "",
     ]
     return "; ".join(part for part in parts if part)
+
+
+def check_fixed(names: Sequence[str], param_names: Sequence[str]) -> List[str]:
+    """Return ``names`` as a list, or raise naming the closest parameters of a mistyped one."""
+    if isinstance(names, str):
+        names = [names]
+    names = list(names or ())
+    for name in names:
+        if name not in param_names:
+            close = difflib.get_close_matches(name, param_names, n=3, cutoff=0.5)
+            hint = f"; did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise ValueError(
+                f"fixed_param_names has {name!r}, which is not a parameter of the "
+                f"network{hint} Its parameters are {list(param_names)}"
+            )
+    return names
+
+
+_BATCH_NORMS = ("BatchNorm", "BatchNorm_v1", "_contrib_SyncBatchNorm")
+
+
+def fixed_gammas(symbol: mx.sym.Symbol) -> List[str]:
+    """Return the gamma arguments of ``symbol``'s BatchNorms with ``fix_gamma`` (MXNet's default).
+
+    Such a BatchNorm writes 1 into its gamma array in every forward pass,
+    training or not, while the optimizer's weight decay and momentum move it
+    between passes: an evaluation on executors sharing the training gammas
+    would change what the next update and checkpoint see.
+    """
+    nodes = json.loads(symbol.tojson())["nodes"]
+    names = []
+    for node in nodes:
+        if node["op"] not in _BATCH_NORMS:
+            continue
+        attributes = node.get("attrs") or node.get("attr") or node.get("param") or {}
+        if str(attributes.get("fix_gamma", "True")).lower() in ("true", "1"):
+            gamma = nodes[node["inputs"][1][0]]
+            if gamma["op"] == "null":
+                names.append(gamma["name"])
+    return names

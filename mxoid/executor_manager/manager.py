@@ -7,7 +7,8 @@ from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple
 import mxnet as mx
 import numpy as np
 
-from .executor_set import DataDescLike, ExecutorSet, as_descs, check_fixed, fixed_gammas
+from .executor_set import DataDescLike, ExecutorSet, as_descs
+from .initialization import check_fixed, fixed_gammas
 
 __all__ = ["DataParallelExecutorManager"]
 
@@ -178,7 +179,7 @@ class DataParallelExecutorManager:
         It shares the training set's parameter, gradient and auxiliary arrays
         and its memory pool, and is for forward passes (``is_train=False``)
         only; the gammas of BatchNorms with ``fix_gamma`` excepted
-        (:func:`~mxoid.executor_manager.executor_set.fixed_gammas`: every
+        (:func:`~mxoid.executor_manager.initialization.fixed_gammas`: every
         forward pass writes 1 into them), so that evaluating never changes
         training. Without private heads or such gammas, inputs of the training
         set's own shapes get the training set itself. ``key`` names the set in

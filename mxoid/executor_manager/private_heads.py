@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence
 
 import mxnet as mx
 
-__all__ = ["COUNTING_SUFFIX", "RUNNING_SUMS_PREFIX", "PrivateHeads"]
+__all__ = ["COUNTING_SUFFIX", "RUNNING_SUMS_PREFIX", "TALLY_SUFFIX", "PrivateHeads"]
 
 RUNNING_SUMS_PREFIX = "_mxoid_running_sums"
 """How a private head names its running sums (see
@@ -34,6 +34,13 @@ COUNTING_SUFFIX = "_counting"
 """How a private head names the switch of sums kept as an auxiliary state: the
 argument ``<sums name>_counting``, float64 of shape ``(1,)``, 1 while the executors
 run forward passes for training, else 0 (the manager sets it)."""
+
+TALLY_SUFFIX = "_tally"
+"""How a private head names a tally: running sums (an argument named
+``<sums name>_tally``, bound with ``grad_req='add'``) whose gradient array is the
+argument's own array, so that the head reads in each forward pass what the
+backward passes added so far: counts that depend on what was counted before
+(the first batch where something happened), with no operator queued by the host."""
 
 
 class PrivateHeads:
@@ -82,6 +89,7 @@ class PrivateHeads:
         if self.sum_names and not for_training:
             raise ValueError("running sums are kept by training executors only")
         self._aux_sums = {n for n in self.sum_names if n in bound_aux}
+        self.tally_names = [n for n in self.sum_names if n.endswith(TALLY_SUFFIX)]
         self._first_outputs = []  # where each head's outputs start, after the symbol's
         first = len(symbol.list_outputs())
         for head in heads:

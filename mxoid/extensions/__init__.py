@@ -7,12 +7,13 @@ order. The extensions, by theme: :mod:`.evaluation` (Evaluate) and
 :mod:`.metrics_extension`; :mod:`.stopping` (FinishAfter, EarlyStopping,
 NaNGuard), :mod:`.selection` (TrackBest), :mod:`.training`
 (LearningRateSchedule, ReduceLROnPlateau, ClipGradientNorm), :mod:`.inspection`
-(Monitor), :mod:`.saveload` (Checkpoint), :mod:`.printing`
+(Monitor), :mod:`.data_check` (DataCheck), :mod:`.saveload` (Checkpoint), :mod:`.printing`
 (Printing, ProgressBar), :mod:`.timing` (Timing), :mod:`.log_writers`
 (JSONLinesLog, CSVLog), :mod:`.tensorboard` (TensorBoard).
 """
 
 from .base import FIRING_KEYWORDS, HOOKS, Extension, OnLogRecord
+from .data_check import DataCheck, DataError
 from .evaluation import Evaluate
 from .inspection import Monitor
 from .log_writers import CSVLog, JSONLinesLog
@@ -31,6 +32,8 @@ __all__ = [
     "CSVLog",
     "Checkpoint",
     "ClipGradientNorm",
+    "DataCheck",
+    "DataError",
     "EarlyStopping",
     "Evaluate",
     "Extension",

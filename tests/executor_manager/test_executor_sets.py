@@ -8,7 +8,7 @@ from conftest import TWO_CPUS, json_from_fresh_python, mlp
 from networks import network
 
 from mxoid import DataParallelExecutorManager
-from mxoid.executor_manager.executor_set import fixed_gammas
+from mxoid.executor_manager.initialization import fixed_gammas
 
 
 def manager_of(symbol, batch_size, contexts, **kwargs):

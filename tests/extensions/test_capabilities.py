@@ -217,6 +217,7 @@ def test_every_built_in_extension_passes_the_checks(tmp_path):
         extensions.Checkpoint(str(tmp_path / "c"), save_best_of="valid_accuracy"),
         extensions.ClipGradientNorm(1.0, record_every=2),
         extensions.CSVLog(str(tmp_path / "log.csv")),
+        extensions.DataCheck(),
         extensions.EarlyStopping("valid_accuracy", patience=2),
         extensions.Evaluate({"valid": valid}, "acc"),
         extensions.FinishAfter(after_n_epochs=1),
