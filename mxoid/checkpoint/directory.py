@@ -314,7 +314,7 @@ def find_checkpoint(
         return contents
     if not os.path.exists(path):
         if path in {os.path.abspath(d) for d in own_directories}:
-            warnings.warn(NO_CHECKPOINT_YET.format(path=os.fspath(resume_from)), stacklevel=3)
+            warnings.warn(NO_CHECKPOINT_YET.format(path=os.fspath(resume_from)), stacklevel=5)
             return None
         raise ValueError(NOT_FOUND.format(path=os.fspath(resume_from)))
     if not os.path.isdir(path):
@@ -323,7 +323,7 @@ def find_checkpoint(
             "directory or folder"
         )
     if not list_checkpoints(path):
-        warnings.warn(NO_CHECKPOINT_YET.format(path=os.fspath(resume_from)), stacklevel=3)
+        warnings.warn(NO_CHECKPOINT_YET.format(path=os.fspath(resume_from)), stacklevel=5)
         return None
 
     def read_and_check(folder: str) -> CheckpointContents:
@@ -336,7 +336,7 @@ def find_checkpoint(
         contents, damaged = newest_whole(path, read_and_check)
     finally:  # a ResumeError of an older checkpoint comes after the newer ones' damage
         for error in damaged.values():
-            warnings.warn(f"skipping a damaged checkpoint: {error}", stacklevel=3)
+            warnings.warn(f"skipping a damaged checkpoint: {error}", stacklevel=5)
     if contents is None:
         errors = "\n".join(f"- {error}" for error in damaged.values())
         raise CheckpointError(ALL_DAMAGED.format(path=path, errors=errors))

@@ -40,6 +40,8 @@ from mxoid import (
 )
 from mxoid.checkpoint import ResumeError, list_checkpoints, read_checkpoint
 
+pytestmark = pytest.mark.adversarial
+
 
 def test_a_folder_whose_checkpoints_are_all_damaged_is_an_error_not_a_fresh_start(tmp_path):
     make_loop(tmp_path, FinishAfter(after_n_epochs=1)).run()

@@ -16,6 +16,8 @@ from mxoid.checkpoint import directory as checkpoint_directory
 from mxoid.checkpoint import latest_checkpoint, list_checkpoints, read_checkpoint
 from mxoid.checkpoint.loading import checkpoint_of_epoch
 
+pytestmark = pytest.mark.adversarial
+
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):

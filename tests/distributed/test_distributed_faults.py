@@ -21,6 +21,8 @@ sys.path.insert(0, str(SCRIPTS))
 
 from jobs import job_environment, run_job  # noqa: E402
 
+pytestmark = pytest.mark.adversarial
+
 WORKER = [sys.executable, SCRIPTS / "dist_worker.py"]
 BOUND = 30  # seconds from the fault to the end of the job
 

@@ -8,6 +8,8 @@ from conftest import TWO_CPUS, classification_data, initial_params, mlp
 from mxoid import Checkpoint, DataCheck, FinishAfter, MainLoop
 from mxoid.extensions import DataError
 
+pytestmark = pytest.mark.adversarial
+
 CONTEXTS = {"one": [mx.cpu(0)], "two": TWO_CPUS}
 
 
