@@ -39,6 +39,7 @@ SCRIPTS = (
     "custom_extension.py",
     "distributed.py",
     "fit.py",
+    "own_loop.py",
 )
 
 
@@ -673,3 +674,19 @@ def test_readme_distributed_example_runs_under_the_launcher(tmp_path):
     assert [line.split(":")[0] for line in finals] == ["rank 0", "rank 1"]
     accuracies = {line.split()[-1] for line in finals}
     assert len(accuracies) == 1 and float(accuracies.pop()) > 0.85  # summed over the workers
+
+
+# ------------------------------------------------------------------ a loop of one's own
+@pytest.mark.parametrize("contexts", ["cpu:0", "cpu:0,cpu:1"])
+def test_own_loop_trains_two_groups_with_two_optimizers(contexts, monkeypatch):
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    import own_loop
+
+    learned = own_loop.main(["--contexts", contexts, "--epochs", "6"])
+    assert learned["valid_accuracy"] > 0.9
+    # Each group follows its own optimizer: with the head's rate at 0 only the body moves.
+    frozen_head = own_loop.main(["--contexts", contexts, "--epochs", "1", "--head-lr", "0"])
+    initial, trained = frozen_head["initial"], frozen_head["trained"]
+    for name in initial:
+        same = np.array_equal(initial[name].asnumpy(), trained[name].asnumpy())
+        assert same == (name in own_loop.HEAD), name

@@ -10,6 +10,13 @@ from ..distributed.servers import is_distributed
 
 __all__ = ["KVStoreLike", "create_kvstore", "initialize_kvstore", "kvstore_keys"]
 
+NOT_A_KVSTORE = (
+    "initialize_kvstore needs a kvstore, not {what}. create_kvstore returns None where one "
+    "device in one process needs none (kvstore='local' on one device, update_on_kvstore not "
+    "asked for): then there is nothing to initialize. Skip initialize_kvstore, and update "
+    "with update_params(param_arrays, grad_arrays, updater, 1) (no kvstore)"
+)
+
 KVStoreLike = Union[None, str, mx.kvstore.KVStore]
 _KVSTORE_TYPES = (
     "local",
@@ -118,6 +125,8 @@ def initialize_kvstore(
     keys : sequence of int or str, optional
         The kvstore key of each parameter (:func:`kvstore_keys`); the names by default.
     """
+    if not isinstance(kvstore, mx.kvstore.KVStore):
+        raise TypeError(NOT_A_KVSTORE.format(what=type(kvstore).__name__))
     keys = list(param_names) if keys is None else keys
     for key, name, arrays in zip(keys, param_names, param_arrays):
         kvstore.init(key, arg_params[name])

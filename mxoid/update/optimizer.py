@@ -32,6 +32,32 @@ def create_optimizer(
     The index-to-name map matches the indices the update functions use, so
     per-parameter settings (no weight decay on biases, ``lr_mult``) land on the
     right parameters.
+
+    Parameters
+    ----------
+    optimizer : str or mx.optimizer.Optimizer
+        A name (``'sgd'``, ``'adam'``...) with ``optimizer_params``, or an
+        optimizer object, whose own ``lr_mult`` / ``wd_mult`` are kept (as
+        ``Module.init_optimizer`` keeps them) and whose index map is replaced.
+    optimizer_params : dict, optional
+        E.g. ``{'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-4}``.
+    symbol : mx.sym.Symbol
+        The network: its ``lr_mult`` / ``wd_mult`` attributes apply.
+    param_names : sequence of str
+        The parameters the update functions are given, in their order (a
+        group of them, for an optimizer per group).
+    num_devices : int
+        Devices in this process.
+    batch_size : int
+        Rows of a batch of this process.
+    kvstore : KVStore or None
+        As :func:`~mxoid.update.create_kvstore` returned it.
+    update_on_kvstore : bool
+        Where the optimizer runs: its index map is each parameter's index ``i``
+        for the kvstore's updater (:func:`update_params_on_kvstore`), ``i *
+        num_devices + k`` for a local updater (:func:`update_params`).
+    accumulate_batches : int, default 1
+        Batches whose gradients one step sums.
     """
     if update_on_kvstore:
         idx2name = dict(enumerate(param_names))

@@ -111,6 +111,23 @@ def test_dist_sync_matches_one_process_with_the_doubled_batch(
     ]
 
 
+def test_a_hand_written_loop_from_the_pieces_equals_main_loop_under_dist_sync(tmp_path, job_env):
+    """tests/distributed/scripts/own_loop_worker.py: the manager, create_kvstore,
+    create_optimizer, initialize_kvstore and update_params_on_kvstore on dist_sync, with
+    MXNet's own set_optimizer, against dist_worker.py's MainLoop in the same job layout."""
+    mine, theirs = tmp_path / "pieces", tmp_path / "main_loop"
+    mine.mkdir(), theirs.mkdir()
+    job = run_job(mine, [sys.executable, SCRIPTS / "own_loop_worker.py", "--out", mine])
+    assert job.status == 0, job
+    job = run_job(theirs, WORKER + ["--out", theirs])
+    assert job.status == 0, job
+    for rank in range(2):
+        ours, loops = (dict(np.load(d / f"rank{rank}.npz")) for d in (mine, theirs))
+        assert ours.keys() == loops.keys()
+        for name in ours:
+            np.testing.assert_allclose(ours[name], loops[name], rtol=1e-6, atol=1e-6, err_msg=name)
+
+
 @pytest.mark.parametrize("on_workers", [False, True])
 def test_dist_sync_with_accumulated_batches_matches_one_process(
     tmp_path, job_env, one_process, on_workers
