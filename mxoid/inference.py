@@ -101,11 +101,14 @@ def predict_outputs(
             if pacer is not None:
                 pacer.queued()
             for name in names:
-                for array, rows in zip(manager.outputs[name], manager.valid_rows):
-                    if rows == array.shape[0]:
+                for array, rows, slc in zip(
+                    manager.outputs[name], manager.valid_rows, manager.slices
+                ):
+                    if rows == slc.stop - slc.start:
                         parts[name].append(array.copyto(cpu))
-                    elif rows > 0:
-                        parts[name].append(array[:rows].copyto(cpu))
+                    elif rows > 0:  # per sample, one row of output or several (tokens)
+                        per_sample = array.shape[0] // (slc.stop - slc.start)
+                        parts[name].append(array[: rows * per_sample].copyto(cpu))
     finally:
         iterator.reset()
     if not any(parts.values()):
@@ -119,17 +122,28 @@ def predict_on(
     iterator: mx.io.DataIter,
     outputs: Optional[Union[str, Sequence[str]]],
     max_batches_ahead: Union[int, str, None] = DEFAULT_MAX_BATCHES_AHEAD,
+    buckets: Any = None,
 ) -> Dict[str, np.ndarray]:
     """Run ``iterator`` forward through a training manager's network, as it stands now.
 
     What :meth:`mxoid.MainLoop.predict` does: the devices' BatchNorm statistics
     averaged first, the engine idle before and after, and each shape of batch
-    on an executor set of its own (:meth:`DataParallelExecutorManager.executor_set`).
+    on an executor set of its own (:meth:`DataParallelExecutorManager.executor_set`);
+    with ``buckets`` (a loop's :class:`~mxoid.main_loop.buckets.Buckets`), a
+    batch of another bucket on its bucket's graph.
     """
 
     def executors_for(batch: mx.io.DataBatch) -> ExecutorSet:
         data = list(zip(manager.data_names, batch.data))
-        return manager.executor_set(*input_descs(symbol, data, manager.label_names))
+        key = getattr(batch, "bucket_key", None)
+        if buckets is None or key is None:
+            return manager.executor_set(*input_descs(symbol, data, manager.label_names))
+        # A bucket's batch says its labels' shapes (the graph may not tell them from the data).
+        graph = buckets.symbol(key, batch.provide_data, batch.provide_label)
+        descs = [mx.io.DataDesc(n, a.shape, a.dtype) for n, a in data], batch.provide_label
+        if key == buckets.default_key:
+            return manager.executor_set(*descs)
+        return manager.executor_set(*descs, symbol=graph, key=("predict", key, data[0][1].shape))
 
     manager.reconcile_aux_states()
     manager.synchronize()

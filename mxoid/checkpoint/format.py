@@ -6,6 +6,10 @@ A checkpoint is a folder ``checkpoint-<seq>-epoch<E>-batch<B>`` holding
     The network and its parameters in MXNet's own format:
     ``mx.model.load_checkpoint('<folder>/model', E)`` and
     ``mx.mod.Module.load('<folder>/model', E)`` read them.
+``model.buckets``, ``model-<key>-symbol.json``
+    With a ``sym_gen`` whose default bucket key is an int: what
+    ``mx.mod.BucketingModule.load('<folder>/model', E, sym_gen, key)`` reads
+    too (the default bucket's symbol; BucketingModule cannot load tuple keys).
 ``optimizer.states``
     The optimizer with its per-parameter states (momentum, Adam's moments
     and step counts), as MXNet's updater dumps them
@@ -185,6 +189,7 @@ def write_checkpoint(
             optimizer_states,
             gradients,
             int(loop_state["status"]["epochs_done"]),
+            loop_state.get("default_bucket_key"),
             {
                 "run_id": run_id,
                 "sequence": sequence,
@@ -216,9 +221,16 @@ def _write_files(
     optimizer_states: Optional[bytes],
     gradients: Optional[Dict[str, mx.nd.NDArray]],
     epoch: int,
+    bucket_key: Any,
     about: Dict[str, Any],
 ) -> None:
     mx.model.save_checkpoint(os.path.join(folder, PREFIX), epoch, symbol, arg_params, aux_params)
+    if isinstance(bucket_key, int) and not isinstance(bucket_key, bool):
+        # What BucketingModule.load(prefix, epoch, sym_gen, default_bucket_key) reads too.
+        mx.nd.save(
+            os.path.join(folder, f"{PREFIX}.buckets"), mx.nd.array([bucket_key], dtype="int32")
+        )
+        symbol.save(os.path.join(folder, f"{PREFIX}-{bucket_key}-symbol.json"))
     if gradients:
         mx.nd.save(os.path.join(folder, GRADIENTS), gradients)
     with open(os.path.join(folder, LOOP_STATE), "w") as handle:

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..checkpoint.format import LOOP_STATE, CheckpointError, ResumeError
 from ..checkpoint.random_state import get_random_states, set_random_states
+from .sentences import SentencePosition, is_bucket_sentence_iter
 
 __all__ = ["DETERMINISTIC_RESETS", "DataPosition", "batches_per_epoch"]
 
@@ -81,9 +82,13 @@ class DataPosition:
         self._direct = _repositionable(iterator)
         self._order: Optional[np.ndarray] = None  # NDArrayIter's data order vs. at start
         self._epoch_start_random: Optional[Dict[str, Any]] = None
+        self._sentences = SentencePosition(iterator) if is_bucket_sentence_iter(iterator) else None
 
     def reset(self) -> None:
         """Reset the iterator for a new epoch, keeping track of its order."""
+        if self._sentences is not None:
+            self._sentences.reset()
+            return
         if not self._direct:
             self._epoch_start_random = get_random_states()
         self.iterator.reset()
@@ -105,6 +110,8 @@ class DataPosition:
                 "rolled_over": it._cache_data is not None or it._cache_label is not None,
                 "shapes": shapes,
             }
+        if self._sentences is not None:
+            return {"kind": "bucketsentenceiter", **self._sentences.state_dict(), "shapes": shapes}
         if hasattr(it, "state_dict") and hasattr(it, "load_state_dict"):
             return {"kind": "own", "state": it.state_dict(), "shapes": shapes}
         return {"kind": "replay", "epoch_start_random": self._epoch_start_random, "shapes": shapes}
@@ -132,6 +139,17 @@ class DataPosition:
         kind = "ndarrayiter" if self._direct else None
         if state["kind"] == "ndarrayiter" and kind != "ndarrayiter":
             refuse(f"it was an mx.io.NDArrayIter, this is a {type(self.iterator).__name__}")
+        if (state["kind"] == "bucketsentenceiter") != (self._sentences is not None):
+            refuse(f"it was a {state['kind']} iterator, this is a {type(self.iterator).__name__}")
+        if self._sentences is not None:
+            problem = self._sentences.problem(state)
+            if problem is not None and problem.startswith("sizes"):
+                refuse(f"its buckets' {problem}")
+            if problem is not None:
+                raise CheckpointError(
+                    f"checkpoint file {os.path.join(where, LOOP_STATE)} is damaged: its "
+                    f"'data_position.{problem}; use an earlier checkpoint"
+                )
         if kind == "ndarrayiter" and state["kind"] == "ndarrayiter":
             saved = state.get("num_data", len(state.get("idx") or ()))
             if saved != self.iterator.num_data:
@@ -163,6 +181,8 @@ class DataPosition:
         it = self.iterator
         if kind == "ndarrayiter" and self._direct:
             self._restore_ndarrayiter(state)
+        elif kind == "bucketsentenceiter":
+            self._sentences.restore(state)
         elif kind == "own":
             it.load_state_dict(state["state"])
         else:
@@ -254,7 +274,8 @@ def _take(array: Any, order: np.ndarray) -> Any:
 def batches_per_epoch(data: Any) -> Optional[int]:
     """Return how many batches an epoch of ``data`` has, or None when it cannot tell.
 
-    Uses ``len(data)`` when defined, ``mx.io.ResizeIter``'s size, and
+    Uses ``len(data)`` when defined, ``mx.io.ResizeIter``'s size,
+    ``mx.rnn.BucketSentenceIter``'s batches, and
     ``mx.io.NDArrayIter``'s ``num_data`` and ``batch_size``: a padded last
     batch counts, a discarded one does not, and ``'roll_over'`` (whose
     epochs differ in length) gives None.
@@ -265,6 +286,8 @@ def batches_per_epoch(data: Any) -> Optional[int]:
         pass
     if isinstance(data, mx.io.ResizeIter):
         return int(data.size)
+    if is_bucket_sentence_iter(data):
+        return len(data.idx)
     if isinstance(data, mx.io.NDArrayIter):
         count, size = data.num_data, data.batch_size
         if data.last_batch_handle == "pad":

@@ -9,7 +9,7 @@ set's parameter, gradient and auxiliary arrays and its memory pool, as
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 import numpy as np
@@ -19,7 +19,7 @@ from .devices import forward_work_load, split_batch
 from .initialization import fixed_gammas
 from .invoke import PreparedCopy, backward_pass, forward_pass
 from .outputs import OutputArrays, output_short_name
-from .private_heads import PrivateHeads
+from .private_heads import RUNNING_SUMS_PREFIX, PrivateHeads
 
 __all__ = ["DataDescLike", "ExecutorSet", "as_descs"]
 
@@ -47,34 +47,38 @@ def _same_shape(array: mx.nd.NDArray, shape: Sequence[int], name: str) -> mx.nd.
     return array
 
 
+def _own_aux(name: str, shape: Sequence[int], ctx: mx.Context, dtype: Any) -> mx.nd.NDArray:
+    """Return a set's own auxiliary state: a private head's sums, never a network's."""
+    if not name.startswith(RUNNING_SUMS_PREFIX):
+        raise ValueError(
+            f"auxiliary state {name!r} of these inputs is not in the executors they share; "
+            "it cannot be shared"
+        )
+    return mx.nd.zeros(shape, ctx, dtype=dtype)
+
+
 class ExecutorSet:
     """The executors of ``symbol`` for inputs of one set of shapes: one per device.
 
     A batch of ``batch_size`` rows is split across the devices by
-    ``work_load_list``. A set bound with ``shared`` (another set: the
-    manager's training set) takes that set's parameter, gradient and
-    auxiliary arrays by name, the same arrays and not copies, and allocates
-    its own memory from that set's pool (``shared_exec``); it must not need
-    parameters of other shapes. A set for forward passes only (``shared``
-    sets, or ``for_training=False``) given fewer rows than devices binds the
-    first ``batch_size`` devices, one row each
-    (:func:`~mxoid.executor_manager.devices.forward_work_load`).
+    ``work_load_list``. A set bound with ``shared`` (the manager's training
+    set) takes that set's parameter, gradient and auxiliary arrays by name,
+    the same arrays, and allocates from its memory pool (``shared_exec``); for
+    training (a bucket's set) or forward passes only. A forward-only set given
+    fewer rows than devices binds the first ``batch_size`` devices, one row each.
 
     Parameters
     ----------
-    symbol : mx.sym.Symbol
-    contexts : sequence of mx.Context
+    symbol, contexts
+        The network, and the devices.
     data_descs, label_descs : sequence of DataDesc or (name, shape)
         The inputs; the first dimension is the batch size.
     work_load_list : sequence of float
         Each device's share of a batch.
     shared : ExecutorSet, optional
         The set whose arrays and memory this one shares.
-    fixed_param_names : sequence of str
-        Parameters that get no gradient.
-    grad_req : {'write', 'add'}
-    for_training : bool
-        False binds no gradient at all.
+    fixed_param_names, grad_req, for_training
+        As the manager's (``for_training=False``: no gradient at all).
     private_heads : sequence of mx.sym.Symbol
         Outputs for mxoid, bound after the symbol's (see
         :mod:`~mxoid.executor_manager.private_heads`).
@@ -239,31 +243,43 @@ class ExecutorSet:
         Its parameters are bound with the shared gradient arrays even for forward
         passes only (no memory is added): an executor bound with
         ``grad_req='null'`` is fused by MXNet's MKLDNN subgraph backend, which
-        caches the weights at its first forward and then silently uses stale weights.
+        caches the weights at its first forward and then silently uses stale
+        weights. A private head's arrays (running sums, switches) are the set's
+        own, each set's sums read apart; a tally (one count over every set) is
+        shared where the shared set has it.
         """
         base = self.shared.executors[device]
         symbol = self.bound_symbol
         arg_shapes, _, aux_shapes = symbol.infer_shape(**shapes)
         arg_types, _, aux_types = symbol.infer_type(**types)
         # A forward pass writes 1 into a fixed gamma: never into the training one.
-        own = set(shapes) | (set() if self.for_training else set(fixed_gammas(symbol)))
+        fixed = set() if self.for_training else set(fixed_gammas(symbol))
         args, grads, grad_req = {}, {}, {}
         for name, shape, dtype in zip(symbol.list_arguments(), arg_shapes, arg_types):
-            if name in own or name not in base.arg_dict:  # inputs, fixed gammas, a head's own
-                create = mx.nd.zeros if name in shapes or name not in base.arg_dict else mx.nd.ones
+            private = name.startswith(RUNNING_SUMS_PREFIX)
+            theirs = base.arg_dict.get(name)
+            tally = name in self._private.tally_names
+            if private and (theirs is None or theirs.shape != tuple(shape) or not tally):
+                args[name] = mx.nd.zeros(shape, ctx, dtype=dtype)
+                grad_req[name] = self._grad_req(name, shapes)
+                if grad_req[name] != "null":  # the set's own sums
+                    grads[name] = args[name] if tally else mx.nd.zeros(shape, ctx, dtype=dtype)
+                continue
+            if name in shapes or name in fixed or theirs is None:  # inputs, fixed gammas
+                create = mx.nd.ones if name in fixed else mx.nd.zeros
                 args[name] = create(shape, ctx, dtype=dtype)
                 grad_req[name] = "null"
                 continue
-            args[name] = _same_shape(base.arg_dict[name], shape, name)
-            if base.grad_dict.get(name) is None:  # a fixed parameter (or an input there)
+            args[name] = _same_shape(theirs, shape, name)
+            if base.grad_dict.get(name) is None:  # a fixed parameter, a head's switch
                 grad_req[name] = "null"
             else:
                 grads[name] = base.grad_dict[name]
                 grad_req[name] = self._grad_req(name, shapes) if self.for_training else "write"
         aux_states = [
-            _same_shape(base.aux_dict[name], shape, name)
-            if name in base.aux_dict
-            else mx.nd.zeros(shape, ctx, dtype=dtype)
+            base.aux_dict[name]
+            if name in base.aux_dict and not name.startswith(RUNNING_SUMS_PREFIX)
+            else _own_aux(name, shape, ctx, dtype)
             for name, shape, dtype in zip(symbol.list_auxiliary_states(), aux_shapes, aux_types)
         ]
         return symbol.bind(

@@ -11,7 +11,6 @@ from .executor_set import DataDescLike, ExecutorSet, as_descs
 from .initialization import check_fixed, fixed_gammas
 
 __all__ = ["DataParallelExecutorManager"]
-
 ArrayLike = Union[mx.nd.NDArray, np.ndarray]
 
 
@@ -41,14 +40,11 @@ class DataParallelExecutorManager:
 
     The executors are held in executor sets (:class:`ExecutorSet`): the
     training set, bound with the manager for the inputs it is given, and
-    sets bound on first use for other inputs (:meth:`executor_set`: an
-    evaluation iterator of another batch size, a prediction batch), cached
-    by their key, which share the training set's parameter, gradient and
-    auxiliary arrays (the same arrays) and allocate from its memory pool, as
-    ``BucketingModule`` binds each bucket with a ``shared_module``. The batch
-    methods and attributes (:meth:`load_data_batch`, :meth:`forward`,
-    :meth:`backward`, :attr:`outputs`, :attr:`labels`, :attr:`valid_rows`)
-    are those of the current set, the training set.
+    sets bound on first use (:meth:`executor_set`: an evaluation iterator of
+    another batch size, a bucket's graph), cached by key, which share the
+    training set's arrays and memory pool, as ``BucketingModule`` binds each
+    bucket with a ``shared_module``. The batch methods and attributes are
+    those of the current set (:meth:`use`), the training set by default.
 
     Parameters
     ----------
@@ -173,21 +169,29 @@ class DataParallelExecutorManager:
         private_heads: Sequence[mx.sym.Symbol] = (),
         *,
         key: Optional[Hashable] = None,
+        symbol: Optional[mx.sym.Symbol] = None,
+        for_training: bool = False,
     ) -> ExecutorSet:
         """Return the executor set for these inputs, bound on first use and cached.
 
         It shares the training set's parameter, gradient and auxiliary arrays
-        and its memory pool, and is for forward passes (``is_train=False``)
-        only; the gammas of BatchNorms with ``fix_gamma`` excepted
+        and its memory pool. ``symbol``: another graph of the same parameters
+        (a bucket's, from ``sym_gen``); the manager's symbol by default.
+        ``for_training=True`` binds it for training too, with the gradients the
+        training set has (a bucket's set: use it with :meth:`use`). A set for
+        forward passes (``is_train=False``) only has gammas of its own where
+        BatchNorm has ``fix_gamma``
         (:func:`~mxoid.executor_manager.initialization.fixed_gammas`: every
         forward pass writes 1 into them), so that evaluating never changes
-        training. Without private heads or such gammas, inputs of the training
+        training; without private heads or such gammas, inputs of the training
         set's own shapes get the training set itself. ``key`` names the set in
-        the cache; the inputs' names, shapes and types, and the heads, by default.
+        the cache; by default the inputs' names, shapes and types, and the heads.
         """
         data_descs, label_descs = as_descs(data_shapes), as_descs(label_shapes)
         if (
-            self.training_set.same_inputs(data_descs, label_descs)
+            symbol is None
+            and not for_training
+            and self.training_set.same_inputs(data_descs, label_descs)
             and not private_heads
             and not self._fixed_gammas
         ):
@@ -196,17 +200,30 @@ class DataParallelExecutorManager:
             key = _set_key(data_descs, label_descs, private_heads)
         found = self._sets.get(key)
         if found is None:
+            trained = self.training_set
             found = self._sets[key] = ExecutorSet(
-                self.symbol,
-                self.training_set.contexts,
+                self.symbol if symbol is None else symbol,
+                trained.contexts,
                 data_descs,
                 label_descs,
-                self.training_set.work_load_list,
-                shared=self.training_set,
-                for_training=False,
+                trained.work_load_list,
+                shared=trained,
+                fixed_param_names=self.fixed_param_names,
+                grad_req=self.grad_req,
+                for_training=for_training,
                 private_heads=private_heads,
             )
         return found
+
+    def use(self, executors: ExecutorSet) -> None:
+        """Run the batch methods and attributes on ``executors`` from now on.
+
+        The training set, or a set of :meth:`executor_set` bound ``for_training``
+        (a bucket's).
+        """
+        if not executors.for_training:
+            raise ValueError("the manager's current executors train: use a set bound for_training")
+        self.current = executors
 
     def evaluation_manager(
         self,
@@ -253,12 +270,9 @@ class DataParallelExecutorManager:
     def running_sums(self) -> Dict[str, List[mx.nd.NDArray]]:
         """The running sums of the training set's private heads, by name, one array per device.
 
-        Named ``_mxoid_running_sums...`` (see
-        :data:`~mxoid.executor_manager.private_heads.RUNNING_SUMS_PREFIX`); the
-        executors add every training batch's values to them: an argument's
-        gradients bound with ``grad_req='add'``, or an auxiliary state that the
-        head's operator adds to in forward passes for training only. Never
-        parameters, never checkpointed, never zeroed by the manager.
+        See :mod:`~mxoid.executor_manager.private_heads`: the executors add
+        every training batch's values to them. Never parameters, never
+        checkpointed, never zeroed by the manager.
         """
         return self.training_set.running_sums
 

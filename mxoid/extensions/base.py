@@ -119,6 +119,9 @@ class HeadRequest(NamedTuple):
     running_sums: str
     """The name under which the head may keep running sums of its own (see
     :attr:`mxoid.DataParallelExecutorManager.running_sums`)."""
+    key: Any = None
+    """The bucket key of these executors (with a ``sym_gen``), or None. Each bucket's
+    executors ask again when they are bound, with their own symbol and shapes."""
 
 
 class Extension:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 import mxnet as mx
 
 from ..executor_manager.devices import forward_work_load, split_batch
 from ..executor_manager.pacing import Pacer
-from ..metrics import Metric, MetricAccumulator, label_for_output, per_row_head
+from ..metrics import Accumulators, MetricAccumulator, label_for_output, per_row_head
 from ..metrics.head import dtypes_of
 from .base import FIRING_KEYWORDS
 from .metrics_extension import NOT_BOUND, MetricsExtension, MetricsSpec, _record_names
@@ -116,51 +116,69 @@ class Evaluate(MetricsExtension):
         return [record for records in self._records.values() for record in records]
 
     def _bind(self, loop: MainLoop) -> None:
-        bound = self._metrics_on_outputs(loop)
+        self._bound = bound = self._metrics_on_outputs(loop)
         single = len(loop.manager.output_names) == 1
         self._accumulators, self._records, self._pacers = {}, {}, {}
+        self._buckets: Dict[str, Accumulators] = {}
         for name, iterator in self.iterators.items():
             self._records[name] = _record_names(name, bound, single)
-            label_names = [desc[0] for desc in iterator.provide_label or ()]
-            try:
-                for output, _ in bound:
-                    label_for_output(output, loop.manager.output_names, label_names)
-                self._accumulators[name] = self._accumulator(loop, iterator, bound)
-            except ValueError as error:
-                raise ValueError(f"{self.name}, iterator {name!r}: {error}") from None
-            # The host's lead over the devices bounded, as in training.
-            manager = self._accumulators[name].manager
-            self._pacers[name] = Pacer.of(manager, loop.max_batches_ahead)
+            data, labels = iterator.provide_data, iterator.provide_label
+            self._accumulators[name] = self._accumulator(loop, name, loop.symbol, data, labels)
+            self._buckets[name] = Accumulators(self._accumulators[name])
 
-    @staticmethod
     def _accumulator(
-        loop: MainLoop, iterator: mx.io.DataIter, bound: List[Tuple[str, Metric]]
+        self, loop: MainLoop, name: str, symbol: Any, data: Any, labels: Any, key: Any = None
     ) -> MetricAccumulator:
-        """Bind the metrics of one iterator: in the evaluation graph itself where they fit.
+        """Bind the metrics for one iterator's batches of one shape (of one bucket).
 
-        The iterator gets executors of its own (sharing the parameters, and the
+        They get executors of their own (sharing the parameters, and the
         training executors' memory pool), which compute the per-row values as
-        a private head (:func:`~mxoid.metrics.per_row_head`), whatever its
+        a private head (:func:`~mxoid.metrics.per_row_head`), whatever their
         shapes, the training ones included; metrics that cannot be built into
         the graph are computed by an operator call per device and batch, on
         the training executors for inputs of the training shapes.
         """
-        manager = loop.manager
-        data, labels = iterator.provide_data, iterator.provide_label
-        shapes = {desc[0]: tuple(desc[1]) for desc in list(data) + list(labels or [])}
+        manager, bound = loop.manager, self._bound
         label_names = [desc[0] for desc in labels or []]
-        batch_size = next(iter(shapes.values()))[0]
-        work_load = forward_work_load(batch_size, manager.work_load_list)
-        rows = [s.stop - s.start for s in split_batch(batch_size, work_load)]
-        types = dtypes_of(list(data) + list(labels or []))
-        contexts = manager.contexts[: len(rows)]
-        head = per_row_head(
-            loop.symbol, bound, label_names, shapes, rows, input_types=types, contexts=contexts
-        )
-        if head is not None:
-            manager = manager.evaluation_manager(data, labels, private_heads=[head])
-            return MetricAccumulator(manager, bound, manager.private_outputs[0])
-        return MetricAccumulator(manager.evaluation_manager(data, labels), bound)
+        try:
+            for output, _ in bound:
+                label_for_output(output, manager.output_names, label_names)
+            shapes = {desc[0]: tuple(desc[1]) for desc in list(data) + list(labels or [])}
+            batch_size = next(iter(shapes.values()))[0]
+            work_load = forward_work_load(batch_size, manager.training_set.work_load_list)
+            rows = [s.stop - s.start for s in split_batch(batch_size, work_load)]
+            types = dtypes_of(list(data) + list(labels or []))
+            contexts = manager.training_set.contexts[: len(rows)]
+            head = per_row_head(
+                symbol, bound, label_names, shapes, rows, input_types=types, contexts=contexts
+            )
+            heads_json = None if head is None else head.tojson()
+            bucket = {} if key is None else {"symbol": symbol, "key": ("evaluate", key, heads_json)}
+            heads = [] if head is None else [head]
+            executors = manager.executor_set(data, labels, heads, **bucket)
+            accumulator = MetricAccumulator(
+                executors, bound, executors.private_outputs[0] if heads else None
+            )
+        except ValueError as error:
+            raise ValueError(f"{self.name}, iterator {name!r}: {error}") from None
+        # The host's lead over the devices bounded, as in training.
+        self._pacers[id(accumulator)] = Pacer.of(executors, loop.max_batches_ahead)
+        return accumulator
+
+    def _accumulator_for(self, name: str, batch: mx.io.DataBatch) -> MetricAccumulator:
+        """Return the accumulator of ``batch``: the iterator's, or its bucket's."""
+        loop = self.main_loop
+        key = getattr(batch, "bucket_key", None)
+        if loop.buckets is None or key is None or key == loop.buckets.default_key:
+            return self._accumulators[name]
+        accumulators = self._buckets[name]
+        found = accumulators.by_key.get(key)
+        if found is None:
+            data, labels = batch.provide_data, batch.provide_label
+            symbol = loop.buckets.symbol(key, data, labels)
+            found = self._accumulator(loop, name, symbol, data, labels, key)
+            accumulators.add(key, found)
+        return found
 
     def do(self, which_callback: str, *args: Any) -> None:
         """Evaluate every iterator and write the records into the current row."""
@@ -185,20 +203,21 @@ class Evaluate(MetricsExtension):
         return records
 
     def _evaluate(self, name: str, iterator: mx.io.DataIter) -> List[float]:
-        accumulator = self._accumulators[name]
-        manager = accumulator.manager
-        accumulator.reset(zero=True)  # each evaluation its own sums: the same after a resumption
+        accumulators = self._buckets[name]
+        accumulators.reset(zero=True)  # each evaluation its own sums: the same after a resumption
         iterator.reset()
-        pacer = self._pacers[name]
         try:
             for batch in iterator:
+                accumulator = self._accumulator_for(name, batch)
+                manager = accumulator.manager
                 manager.load_data_batch(batch)
                 manager.forward(is_train=False)
                 accumulator.update()
+                pacer = self._pacers[id(accumulator)]
                 if pacer is not None:
                     pacer.queued()
         finally:
             iterator.reset()
-        if accumulator.rows == 0:
+        if accumulators.rows == 0:
             raise ValueError(f"{self.name}: iterator {name!r} yielded no samples; is it empty?")
-        return accumulator.values(self.reduce)
+        return accumulators.values(self.reduce)

@@ -6,12 +6,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import mxnet as mx
 
 from ..executor_manager.outputs import output_short_name
-from ..metrics import MetricAccumulator, per_row_head
+from ..metrics import Accumulators, Metric, MetricAccumulator, per_row_head
 from ..metrics.head import dtypes_of
 from .base import HeadRequest
 from .evaluation import Evaluate as Evaluate  # importable from here, as before
@@ -92,15 +92,27 @@ class TrainingMonitoring(MetricsExtension):
         self.prefix = prefix
         self.accumulator: Optional[MetricAccumulator] = None
         self._records: List[str] = []
-        self._running_sums: Optional[str] = None  # the name of its head's running sums
+        self._bound: List[Tuple[str, Metric]] = []
+        self._sums_of: Dict[Any, str] = {}  # bucket key -> the name of its head's running sums
+        self._buckets: Optional[Accumulators] = None
+        self._pending: Dict[str, Dict[str, Any]] = {}  # states of buckets not bound yet
 
     def _bind(self, loop: MainLoop) -> None:
-        bound = self._metrics_on_outputs(loop)
+        self._bound = bound = self._metrics_on_outputs(loop)
         self._records = _record_names(self.prefix, bound, len(loop.manager.output_names) == 1)
+        self.accumulator = self._accumulator(loop, None)
+        self._buckets = Accumulators(self.accumulator)
+
+    def _accumulator(self, loop: MainLoop, key: Any) -> MetricAccumulator:
+        """Return an accumulator of the executors the loop trains on now (bucket ``key``'s)."""
         head = loop.private_outputs(self)
-        running_sums = loop.manager.running_sums.get(self._running_sums) if head else None
-        try:
-            self.accumulator = MetricAccumulator(loop.manager, bound, head, running_sums)
+        executors = loop.manager.current
+        name = self._sums_of.get(key if loop.buckets is not None else None)
+        running_sums = executors.running_sums.get(name) if head and name else None
+        try:  # a bucket's sums are new zeros, its first batch already added to them
+            return MetricAccumulator(
+                executors, self._bound, head, running_sums, zero_sums=key is None
+            )
         except ValueError as error:
             raise ValueError(f"{self.name}: {error}") from None
 
@@ -121,7 +133,7 @@ class TrainingMonitoring(MetricsExtension):
         except ValueError:
             return None
         descs = list(request.data_descs) + list(request.label_descs)
-        self._running_sums = request.running_sums
+        self._sums_of[request.key] = request.running_sums
         return per_row_head(
             symbol,
             bound,
@@ -144,22 +156,48 @@ class TrainingMonitoring(MetricsExtension):
         In ``after_backward`` the outputs, the values of the private head and
         the padding are the training pass's; a later hook's evaluation (an
         ``Evaluate`` at the training batch size runs on the training
-        executors, others share their memory) replaces them.
+        executors, others share their memory) replaces them. A bucket's
+        executors (with a ``sym_gen``) have an accumulator of their own.
         """
-        self.accumulator.update()
+        loop = self.main_loop
+        if loop.manager.current is loop.manager.training_set:
+            self.accumulator.update()
+            return
+        key = batch.bucket_key
+        accumulator = self._buckets.by_key.get(key)
+        if accumulator is None:
+            accumulator = self._accumulator(loop, key)
+            self._buckets.add(key, accumulator)
+            if repr(key) in self._pending:  # this batch is in its running sums already
+                accumulator.load_state_dict(self._pending.pop(repr(key)), onto_running=True)
+        accumulator.update()
 
     def state_dict(self) -> Dict[str, Any]:
-        """Return the running sums since the last write: a resumed run writes the same records."""
-        return self.accumulator.state_dict()
+        """Return the running sums since the last write: a resumed run writes the same records.
+
+        With buckets, each bucket's under ``buckets`` by ``repr(key)``.
+        """
+        state = self.accumulator.state_dict()
+        if self._buckets.by_key or self._pending:
+            state["buckets"] = {
+                **self._pending,
+                **{repr(k): a.state_dict() for k, a in self._buckets.by_key.items()},
+            }
+        return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Restore the running sums that :meth:`state_dict` returned."""
+        """Restore the running sums that :meth:`state_dict` returned.
+
+        A bucket's come back when its executors are bound again.
+        """
         self.accumulator.load_state_dict(state)
+        self._pending = dict(state.get("buckets", {}))
 
     def do(self, which_callback: str, *args: Any) -> None:
         """Write the records over the batches since the last write, and reset the sums."""
-        accumulator = self.accumulator
-        if accumulator.rows == 0:
+        accumulators = self._buckets
+        if accumulators.rows + sum(s["rows"] for s in self._pending.values()) == 0:
             return
-        self.main_loop.log.current_row.update(zip(self._records, accumulator.values(self.reduce)))
-        accumulator.reset()
+        values = accumulators.values(self.reduce, self._pending)
+        self.main_loop.log.current_row.update(zip(self._records, values))
+        accumulators.reset()

@@ -42,15 +42,15 @@ def check_inputs(symbol: Any, train_data: Any, initializer: Any) -> None:
 
 
 def rows_per_device(
-    train_data: mx.io.DataIter, devices: int, work_load_list: Optional[Sequence[float]]
+    data_descs: Sequence[Any], devices: int, work_load_list: Optional[Sequence[float]]
 ) -> List[int]:
-    """Return how many rows of a training batch each device gets (as the manager splits it).
+    """Return how many rows of a batch each device gets (as the manager splits it).
 
     Empty when the inputs are not right: the manager then says what is wrong.
     """
     shares = list(work_load_list) if work_load_list is not None else [1] * devices
     try:
-        batch_size = int(list(train_data.provide_data)[0][1][0])
+        batch_size = int(list(data_descs)[0][1][0])
         if not devices or len(shares) != devices:
             return []
         return [s.stop - s.start for s in split_batch(batch_size, shares)]
@@ -58,31 +58,44 @@ def rows_per_device(
         return []
 
 
-def private_heads(
-    extensions: Sequence[Extension],
+def head_request(
     symbol: mx.sym.Symbol,
-    train_data: mx.io.DataIter,
+    data_descs: Sequence[Any],
+    label_descs: Optional[Sequence[Any]],
     contexts: Sequence[mx.Context],
     work_load_list: Optional[Sequence[float]],
+    key: Any = None,
+) -> Optional[HeadRequest]:
+    """Return what extensions are told when the executors for these inputs are bound.
+
+    None when the inputs are not right (the manager then says what is wrong).
+    """
+    rows = rows_per_device(data_descs, len(contexts), work_load_list)
+    if not rows:
+        return None
+    return HeadRequest(
+        symbol,
+        list(data_descs),
+        list(label_descs or []),
+        rows,
+        list(contexts),
+        RUNNING_SUMS_PREFIX,
+        key,
+    )
+
+
+def private_heads(
+    extensions: Sequence[Extension], request: Optional[HeadRequest]
 ) -> List[Tuple[Extension, mx.sym.Symbol]]:
     """Ask each extension for its private head (:meth:`Extension.private_head`).
 
     Returns ``(extension, head)`` for those that gave one, in their order:
-    the training executors bind the heads in that order, each keeping its
-    running sums under a name of its own.
+    the executors bind the heads in that order, each keeping its running
+    sums under a name of its own.
     """
-    rows = rows_per_device(train_data, len(contexts), work_load_list)
-    if not rows:
-        return []
-    request = HeadRequest(
-        symbol,
-        list(train_data.provide_data),
-        list(train_data.provide_label or []),
-        rows,
-        list(contexts),
-        RUNNING_SUMS_PREFIX,
-    )
     heads: List[Tuple[Extension, mx.sym.Symbol]] = []
+    if request is None:
+        return heads
     for extension in extensions:
         head = extension.private_head(
             request._replace(running_sums=f"{RUNNING_SUMS_PREFIX}{len(heads)}")
@@ -103,7 +116,15 @@ def bind_training(
     private outputs, by ``id(extension)``.
     """
     data = loop.train_data
-    heads = private_heads(loop.extensions, loop.symbol, data, loop.contexts, work_load_list)
+    request = head_request(
+        loop.symbol,
+        data.provide_data,
+        data.provide_label,
+        loop.contexts,
+        work_load_list,
+        None if loop.buckets is None else loop.buckets.default_key,
+    )
+    heads = private_heads(loop.extensions, request)
     manager = DataParallelExecutorManager(
         loop.symbol,
         loop.contexts,

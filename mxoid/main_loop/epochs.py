@@ -37,6 +37,9 @@ NO_BATCHES = (
 )
 
 
+_NO_BUCKET = object()  # before an epoch's first batch: whatever its bucket, look it up
+
+
 def start_training(loop: MainLoop) -> None:
     """Fire ``before_training``, or ``on_resumption`` for a run that started before.
 
@@ -68,7 +71,8 @@ def run_epoch(loop: MainLoop) -> bool:
         status.epoch_started = True
         status.iterations_done_in_epoch = 0
         dispatcher.fire("before_epoch")
-    executors = manager.training_set
+    executors = manager.current
+    buckets, bucket = loop.buckets, _NO_BUCKET
     step = step_function(status, manager, loop.update, dispatcher, loop.accumulate_batches)
     before_batch = dispatcher.runner("before_batch")
     after_backward = dispatcher.runner("after_backward")
@@ -80,6 +84,10 @@ def run_epoch(loop: MainLoop) -> bool:
         loop.current_batch = batch
         if before_batch is not None:
             before_batch(batch)
+        if buckets is not None and getattr(batch, "bucket_key", None) != bucket:
+            executors = buckets.training_set(loop, batch)
+            manager.use(executors)
+            bucket = batch.bucket_key
         executors.load_data_batch(batch)
         executors.forward(is_train=True)
         manager.backward()

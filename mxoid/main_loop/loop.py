@@ -33,6 +33,7 @@ from ..log.files import RESUMED_FROM
 from ..log.records import ERROR, TRAINING_FINISH_REQUESTED
 from ..update import KVStoreLike, create_kvstore, prepare_update
 from .accumulation import check_accumulate_batches, pending_gradients
+from .buckets import resolve_network
 from .building import bind_training, check_inputs, set_initial_params
 from .collective import agree_everywhere
 from .epochs import end_epoch, finish_training, run_epoch, start_training
@@ -64,8 +65,10 @@ class MainLoop:
 
     Parameters
     ----------
-    symbol : mx.sym.Symbol
-        The network; several outputs with ``mx.sym.Group``.
+    symbol : mx.sym.Symbol or callable
+        The network; several outputs with ``mx.sym.Group``. Or a
+        ``BucketingModule``-style ``sym_gen(bucket_key) -> (symbol, data_names,
+        label_names)`` for batches of several shapes (see :mod:`.buckets`).
     train_data : mx.io.DataIter
         Training batches; its ``provide_data`` / ``provide_label`` name the
         symbol's inputs. It is reset at the start of every epoch but the first.
@@ -97,10 +100,8 @@ class MainLoop:
         built as for the interrupted run); ``on_resumption`` fires instead of
         ``before_training``. What it accepts: :mod:`mxoid.main_loop.resumption`.
     exit_on_interrupt : bool, default True
-        After Ctrl-C or SIGTERM has stopped training cleanly (``on_interrupt``
-        and ``after_training`` hooks run), exit the process with status
-        128 + signal number and a message saying how to resume. False makes
-        :meth:`run` return instead.
+        After Ctrl-C or SIGTERM has stopped training cleanly, exit with status
+        128 + signal number and a message saying how to resume (False: return).
     fixed_param_names : sequence of str, optional
         Parameters that are never updated, as ``Module``'s: they get no
         gradient (and cost no backward work for themselves) and keep their
@@ -120,6 +121,9 @@ class MainLoop:
         arrays stay in memory until the devices reach them: ``'auto'`` (as many
         as fit 64 MiB), an int (at least 2), or None (no bound). Evaluation and
         prediction keep the same bound. See :mod:`mxoid.executor_manager.pacing`.
+    default_bucket_key : optional
+        With a ``sym_gen``: the bucket whose executors are bound first
+        (``train_data.default_bucket_key`` by default).
 
     Attributes
     ----------
@@ -168,8 +172,7 @@ class MainLoop:
 
     stop_agreement_batches: int = 20
     """In distributed training, the workers agree every this many batches (and at every epoch
-    end) on whether one of them asked to stop; a stop asked on one worker takes effect on all
-    at the next agreement. Each agreement is one small exchange through the servers."""
+    end) on whether one of them asked to stop: one small exchange through the servers."""
 
     def __init__(
         self,
@@ -192,9 +195,11 @@ class MainLoop:
         allow_extra: bool = False,
         accumulate_batches: int = 1,
         max_batches_ahead: Union[int, str, None] = DEFAULT_MAX_BATCHES_AHEAD,
+        default_bucket_key: Any = None,
     ) -> None:
         kv = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         try:
+            symbol, self.buckets = resolve_network(symbol, train_data, default_bucket_key)
             check_inputs(symbol, train_data, initializer)
             self.extensions = check_extensions(extensions)
             self.symbol, self.train_data = symbol, train_data
@@ -203,9 +208,8 @@ class MainLoop:
             self.max_batches_ahead = check_max_batches_ahead(max_batches_ahead)
             self.exit_on_interrupt = exit_on_interrupt
             self._start_run()
-            self.manager, self._private_heads = bind_training(
-                self, work_load_list, fixed_param_names
-            )
+            self.manager, owners = bind_training(self, work_load_list, fixed_param_names)
+            self.head_owners = {id(self.manager.training_set): owners}
             self._pacer = Pacer.of(self.manager, self.max_batches_ahead)
             kv, on_kvstore = create_kvstore(kvstore, len(self.contexts), update_on_kvstore)
             self._collective = is_distributed(kv)
@@ -284,8 +288,9 @@ class MainLoop:
 
         See :meth:`Extension.private_head`; an extension attached later has none.
         """
-        index = self._private_heads.get(id(extension))
-        return None if index is None else self.manager.private_outputs[index]
+        current = self.manager.current
+        index = self.head_owners.get(id(current), {}).get(id(extension))
+        return None if index is None else current.private_outputs[index]
 
     def reduction(self, extension: Extension) -> Any:
         """Return a function summing ``extension``'s ``(sum, count)`` totals over the workers.
@@ -391,21 +396,21 @@ class MainLoop:
     ) -> Dict[str, np.ndarray]:
         """Return output name -> NumPy array over the iterator's real samples, as of now.
 
-        As ``Module.predict(merge_batches=True)``: the padding of a last batch
-        is dropped; ``outputs`` picks some (``'softmax'``); the iterator needs
-        no labels and is reset before and after. See :func:`mxoid.inference.predict_on`.
+        As ``Module.predict(merge_batches=True)``: a last batch's padding dropped;
+        ``outputs`` picks some (``'softmax'``). See :func:`mxoid.inference.predict_on`.
         """
         from ..inference import predict_on
 
-        return predict_on(self.manager, self.symbol, iterator, outputs, self.max_batches_ahead)
+        return predict_on(
+            self.manager, self.symbol, iterator, outputs, self.max_batches_ahead, self.buckets
+        )
 
     def score(
         self, iterator: mx.io.DataIter, metrics: Any, name: str = "valid"
     ) -> Dict[str, float]:
         """Return the records :class:`~mxoid.extensions.Evaluate` computes on ``iterator`` now.
 
-        ``metrics`` as Evaluate takes them; records ``<name>_<metric>``; nothing
-        is logged. In distributed training every worker calls it.
+        Records ``<name>_<metric>``; nothing is logged. Every worker calls it.
         """
         from ..inference import score_on
 

@@ -23,6 +23,7 @@ Three kinds of metric are accepted wherever mxoid asks for metrics
 from __future__ import annotations
 
 from .accumulator import MetricAccumulator, Reducer
+from .combined import Accumulators
 from .creation import Metric, MetricLike, create_metrics
 from .device import DEVICE_METRIC_NAMES, DeviceMetric
 from .head import per_row_head
@@ -34,6 +35,7 @@ __all__ = [
     "DeviceMetric",
     "HostMetric",
     "Metric",
+    "Accumulators",
     "MetricAccumulator",
     "MetricLike",
     "Reducer",

@@ -28,6 +28,14 @@ workers."""
 _CACHED_OP_FLAGS = [("static_alloc", True), ("static_shape", True)]
 
 
+def _real(array: mx.nd.NDArray, valid: int, rows: slice) -> mx.nd.NDArray:
+    """Return the real rows of a device's ``array``: a row per sample, or several (tokens)."""
+    device_rows = rows.stop - rows.start
+    if valid == device_rows:
+        return array
+    return array[: valid * (array.shape[0] // device_rows)]
+
+
 class MetricAccumulator:
     """Running sums of metrics over the batches run through one executor manager.
 
@@ -57,6 +65,9 @@ class MetricAccumulator:
         training pass adds the values. :meth:`update` then queues nothing
         for a batch without padding, and takes the padding rows back out of
         a padded one.
+    zero_sums : bool, default True
+        Zero the running sums first. False takes them as they are: zeros bound
+        for them, to which a training pass already queued may have added.
 
     Attributes
     ----------
@@ -89,6 +100,7 @@ class MetricAccumulator:
         metrics: Sequence[Tuple[str, Metric]],
         head: Optional[Sequence[mx.nd.NDArray]] = None,
         running_sums: Optional[Sequence[mx.nd.NDArray]] = None,
+        zero_sums: bool = True,
     ) -> None:
         if running_sums is not None and head is None:
             raise ValueError("running sums come with the head whose values they add")
@@ -109,8 +121,11 @@ class MetricAccumulator:
             else:
                 device_entries.append((len(self.metrics), metric, output, label))
             self.metrics.append(metric)
-        self._device_index = [entry[0] for entry in device_entries]
         self._elements = np.zeros(len(self.metrics))
+        # The columns of the device sums: per device metric, its values' column, and the
+        # column of its per-row counts for a metric that counts (an ignored label).
+        self._value_column: Dict[int, int] = {}
+        self._count_column: Dict[int, int] = {}
         self._calls: List[List[tuple]] = [[], []]
         self._sums: List[List[List[mx.nd.NDArray]]] = [[], []]
         self._mask_position = 0
@@ -121,11 +136,11 @@ class MetricAccumulator:
         self._head_adds: List[PreparedCall] = []
         self._running = running_sums is not None
         if device_entries:
-            self._bind_devices(device_entries, head, running_sums)
+            self._bind_devices(device_entries, head, running_sums, zero_sums)
         self._parity = 0
         # The devices' sums at the last reset that zeroed nothing, per metric (subtracted
         # from every read), and the sums of the last read while no batch was added since.
-        self._baseline = np.zeros(len(self.metrics))
+        self._baseline = np.zeros(self._columns)
         self._last_read: Optional[np.ndarray] = None
 
     def _bind_devices(
@@ -133,6 +148,7 @@ class MetricAccumulator:
         entries: List[Tuple[int, DeviceMetric, str, str]],
         head: Optional[Sequence[mx.nd.NDArray]] = None,
         running_sums: Optional[Sequence[mx.nd.NDArray]] = None,
+        zero_sums: bool = True,
     ) -> None:
         manager = self.manager
         outputs = sorted({output for _, _, output, _ in entries})
@@ -143,17 +159,26 @@ class MetricAccumulator:
             symbols = {f"pred{i}": mx.sym.var(f"pred{i}") for i in range(len(outputs))}
             symbols.update({f"label{i}": mx.sym.var(f"label{i}") for i in range(len(labels))})
             mask = mx.sym.var("mask")
-            new_sums = []
-            for position, (index, metric, output, label) in enumerate(entries):
+            columns = []
+            for index, metric, output, label in entries:
                 pred = symbols[f"pred{outputs.index(output)}"]
                 label_symbol = symbols[f"label{labels.index(label)}"]
                 sums, elements = metric.per_row(
                     pred, label_symbol, pred_shapes[output], label_shapes[label]
                 )
-                self._elements[index] = elements
-                sums = mx.sym.cast(sums, dtype="float64")
+                self._value_column[index] = len(columns)
+                columns.append(sums)
+                if isinstance(elements, mx.sym.Symbol):  # each row's own count
+                    self._count_column[index] = len(columns)
+                    columns.append(elements)
+                else:
+                    self._elements[index] = elements
+            new_sums = []
+            for position, column in enumerate(columns):
+                column = mx.sym.cast(column, dtype="float64")
                 new_sums.append(
-                    mx.sym.var(f"sum{position}") + mx.sym.where(mask, sums, mx.sym.zeros_like(sums))
+                    mx.sym.var(f"sum{position}")
+                    + mx.sym.where(mask, column, mx.sym.zeros_like(column))
                 )
             graph = mx.sym.Group(new_sums)
             rows = manager.slices[device].stop - manager.slices[device].start
@@ -162,10 +187,10 @@ class MetricAccumulator:
             inputs["mask"] = mx.nd.ones((rows,), ctx=ctx, dtype="float64")
             self._check_graph(graph, inputs, rows, [m for _, m, _, _ in entries])
             if head is not None:  # the executors compute the values: only the sums here
-                if tuple(head[device].shape) != (rows, len(entries)):
+                if tuple(head[device].shape) != (rows, len(columns)):
                     raise ValueError(
                         f"the head gives per-row values of shape {tuple(head[device].shape)} "
-                        f"on device {device}, not ({rows}, {len(entries)})"
+                        f"on device {device}, not ({rows}, {len(columns)})"
                     )
                 self._head = list(head)
                 if running_sums is not None:  # the executors add the values
@@ -175,10 +200,11 @@ class MetricAccumulator:
                             f"the running sums have shape {tuple(sums.shape)} on device "
                             f"{device}, the values {tuple(head[device].shape)}"
                         )
-                    sums[:] = 0  # as simple_bind allocates gradients; a later bind may not
+                    if zero_sums:  # as simple_bind allocates gradients; a later bind may not
+                        sums[:] = 0
                     self._head_sums.append(sums)
                     continue
-                sums = mx.nd.zeros((rows, len(entries)), ctx, dtype="float64")
+                sums = mx.nd.zeros((rows, len(columns)), ctx, dtype="float64")
                 self._head_sums.append(sums)
                 # sums += values, as NDArray's += does it, prepared once.
                 self._head_adds.append(PreparedCall("broadcast_add", [sums, head[device]], [sums]))
@@ -187,7 +213,7 @@ class MetricAccumulator:
             self._mask_position = names.index("mask")
             operator = mx.nd.CachedOp(graph, flags=_CACHED_OP_FLAGS)
             sums = [
-                [mx.nd.zeros((rows,), ctx=ctx, dtype="float64") for _ in entries] for _ in range(2)
+                [mx.nd.zeros((rows,), ctx=ctx, dtype="float64") for _ in columns] for _ in range(2)
             ]
             for parity in (0, 1):
                 inputs.update({f"sum{p}": array for p, array in enumerate(sums[parity])})
@@ -202,7 +228,8 @@ class MetricAccumulator:
         metrics: List[DeviceMetric],
     ) -> None:
         shapes = {name: array.shape for name, array in inputs.items()}
-        shapes.update({f"sum{p}": (rows,) for p in range(len(metrics))})
+        outputs = len(graph.list_outputs())
+        shapes.update({f"sum{p}": (rows,) for p in range(outputs)})
         try:
             _, out_shapes, _ = graph.infer_shape(**shapes)
         except mx.base.MXNetError as error:
@@ -210,12 +237,17 @@ class MetricAccumulator:
                 f"the metrics {[m.name for m in metrics]} do not fit the outputs and "
                 f"labels of shapes {shapes}: {clean_mxnet_message(error)}"
             ) from None
-        for metric, shape in zip(metrics, out_shapes):
+        for shape in out_shapes:
             if tuple(shape) != (rows,):
                 raise ValueError(
-                    f"metric {metric.name!r} gives per-row sums of shape "
+                    f"the metrics {[m.name for m in metrics]} give per-row sums of shape "
                     f"{tuple(shape)}; they must have shape ({rows},)"
                 )
+
+    @property
+    def _columns(self) -> int:
+        """The columns of the device sums: each device metric's values, and its counts."""
+        return len(self._value_column) + len(self._count_column)
 
     # ------------------------------------------------------------- batches
     def update(self) -> None:
@@ -273,10 +305,11 @@ class MetricAccumulator:
         return masks
 
     def _update_host(self, valid_rows: Sequence[int]) -> None:
+        devices = [(valid, slc) for valid, slc in zip(valid_rows, self.manager.slices)]
         for metric, preds, labels in self._host:
             metric.update(
-                [label[:valid] for label, valid in zip(labels, valid_rows) if valid],
-                [pred[:valid] for pred, valid in zip(preds, valid_rows) if valid],
+                [_real(label, *device) for label, device in zip(labels, devices) if device[0]],
+                [_real(pred, *device) for pred, device in zip(preds, devices) if device[0]],
             )
 
     def reset(self, zero: bool = False) -> None:
@@ -297,7 +330,7 @@ class MetricAccumulator:
             for device_sums in self._sums[self._parity]:
                 for array in device_sums:
                     array[:] = 0
-            self._baseline = np.zeros(len(self.metrics))
+            self._baseline = np.zeros(self._columns)
         for metric, _, _ in self._host:
             metric.reset()
         self.rows = 0
@@ -321,17 +354,31 @@ class MetricAccumulator:
             "baseline": self._baseline.tolist(),
         }
 
-    def load_state_dict(self, state: Dict[str, object]) -> None:
-        """Restore the running sums of :meth:`state_dict`."""
+    def load_state_dict(self, state: Dict[str, object], onto_running: bool = False) -> None:
+        """Restore the running sums of :meth:`state_dict`.
+
+        ``onto_running``: the executors' running sums already hold batches
+        added since they were bound (zeros): the saved sums are added to them.
+        """
         self.rows = int(state["rows"])
         # checkpoints written before the baseline existed had their sums zeroed instead
-        self._baseline = np.asarray(state.get("baseline", np.zeros(len(self.metrics))), "float64")
+        baseline = np.asarray(state.get("baseline", np.zeros(self._columns)), "float64")
+        if len(baseline) != self._columns:  # mxoid 0.3: one entry per metric, no counts
+            by_column = np.zeros(self._columns)
+            for index, column in self._value_column.items():
+                by_column[column] = baseline[index]
+            baseline = by_column
+        self._baseline = baseline
         self._last_read = None
         for sums, saved in zip(self._sums[self._parity], state["device_sums"]):
             for array, values in zip(sums, saved):
                 array[:] = np.asarray(values, dtype="float64")
         for sums, saved in zip(self._head_sums, state["device_sums"]):
-            sums[:] = np.asarray(saved, dtype="float64").T
+            values = np.asarray(saved, dtype="float64").T
+            if onto_running and self._running:
+                sums += mx.nd.array(values, ctx=sums.context, dtype="float64")
+            else:
+                sums[:] = values
         for (metric, _, _), (total, count) in zip(self._host, state["host"]):
             metric.restore_totals(total, count)
 
@@ -345,16 +392,19 @@ class MetricAccumulator:
         before :meth:`values` divides.
         """
         self.manager.synchronize()
-        read = np.zeros(len(self.metrics))
-        device_sums = self._sums[self._parity]
-        head_sums = [sums.asnumpy().sum(axis=0) for sums in self._head_sums]
-        for position, index in enumerate(self._device_index):
-            read[index] = sum(float(sums[position].asnumpy().sum()) for sums in device_sums)
-            read[index] += sum(float(sums[position]) for sums in head_sums)
+        read = np.zeros(self._columns)
+        for sums in self._sums[self._parity]:
+            read += [float(array.asnumpy().sum()) for array in sums]
+        for sums in self._head_sums:
+            read += sums.asnumpy().sum(axis=0)
         self._last_read = read
+        since = read - self._baseline
         totals = np.zeros((len(self.metrics), 2))
-        totals[:, 0] = read - self._baseline
         totals[:, 1] = self.rows * self._elements
+        for index, column in self._value_column.items():
+            totals[index, 0] = since[column]
+        for index, column in self._count_column.items():
+            totals[index, 1] = since[column]
         for index, metric in enumerate(self.metrics):
             if isinstance(metric, HostMetric):
                 totals[index] = metric.totals()

@@ -12,6 +12,8 @@ from .device import (
     DEVICE_METRICS,
     TOP_K,
     DeviceMetric,
+    token_cross_entropy,
+    token_perplexity,
     top_k_accuracy,
 )
 from .host import HostMetric
@@ -41,6 +43,8 @@ def _create_named(name: str, arguments: Optional[Mapping[str, Any]] = None) -> L
     key = _ALIASES.get(key, key)
     if key in ("top_k_accuracy", "top_k_acc") and set(arguments) <= {"top_k"}:
         key = f"top_k_accuracy_{arguments.pop('top_k', 1)}"
+    if key in ("perplexity", "cross_entropy") and set(arguments) == {"ignore_label"}:
+        return [_ignoring(key, arguments["ignore_label"])]
     if not arguments:
         if key in DEVICE_METRICS:
             return [DEVICE_METRICS[key]()]
@@ -61,6 +65,13 @@ def _create_named(name: str, arguments: Optional[Mapping[str, Any]] = None) -> L
     return _create_one(created)
 
 
+def _ignoring(key: str, ignore_label: Optional[float]) -> DeviceMetric:
+    """Perplexity or cross-entropy over tokens, leaving out those labelled ``ignore_label``."""
+    if key == "perplexity":
+        return DeviceMetric("perplexity", token_perplexity(ignore_label), exponent=True)
+    return DeviceMetric("cross_entropy", token_cross_entropy(ignore_label))
+
+
 def _is_named_with_arguments(metric: Any) -> bool:
     return (
         isinstance(metric, tuple)
@@ -79,6 +90,8 @@ def _create_one(metric: MetricLike) -> List[Metric]:
         return _create_named(*metric)
     if isinstance(metric, mx.metric.CompositeEvalMetric):
         return [HostMetric(child) for child in metric.metrics]
+    if type(metric) is mx.metric.Perplexity and metric.axis in (-1, 1):
+        return [_ignoring("perplexity", metric.ignore_label)]  # the same, on the devices
     if isinstance(metric, mx.metric.EvalMetric) or callable(metric):
         return [HostMetric(metric)]
     raise TypeError(

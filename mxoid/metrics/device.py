@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple, Union
 
 import mxnet as mx
 import numpy as np
@@ -17,11 +17,15 @@ __all__ = [
     "TOP_K",
     "DeviceMetric",
     "PerRow",
+    "token_cross_entropy",
+    "token_perplexity",
     "top_k_accuracy",
 ]
 
 Shape = Tuple[int, ...]
-PerRow = Callable[[mx.sym.Symbol, mx.sym.Symbol, Shape, Shape], Tuple[mx.sym.Symbol, int]]
+PerRow = Callable[
+    [mx.sym.Symbol, mx.sym.Symbol, Shape, Shape], Tuple[mx.sym.Symbol, Union[int, mx.sym.Symbol]]
+]
 DEVICE_METRIC_NAMES = (
     "acc",
     "accuracy",
@@ -32,6 +36,8 @@ DEVICE_METRIC_NAMES = (
     "ce",
     "cross-entropy",
     "nll_loss",
+    "perplexity",
+    "('perplexity' or 'ce', {'ignore_label': n})",
 )
 """The metric names computed on the devices."""
 
@@ -162,6 +168,54 @@ def _negative_log_likelihood(
     return -mx.sym.log(prob + _EPS), 1
 
 
+def _token_losses(
+    metric: str, ignore_label: Optional[float], clip: Callable[[mx.sym.Symbol], mx.sym.Symbol]
+) -> PerRow:
+    """Return the per-row function of ``-log(clip(p))`` summed over a row's tokens, with counts.
+
+    ``pred`` holds one row of class scores per token, ``(tokens, classes)``;
+    ``label`` one class per token, in rows of a sample each (``(rows, time)``,
+    batch-major, or ``(tokens,)``). Tokens whose label is ``ignore_label`` count
+    for nothing, as MXNet's ``Perplexity(ignore_label)`` leaves them out.
+    """
+
+    def per_row(
+        pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
+    ) -> Tuple[mx.sym.Symbol, mx.sym.Symbol]:
+        tokens = int(np.prod(label_shape, dtype=np.int64))
+        if len(pred_shape) != 2 or pred_shape[0] != tokens:
+            raise _shape_error(
+                metric,
+                pred_shape,
+                label_shape,
+                "scores of shape (tokens, classes) and one class per token",
+            )
+        flat = mx.sym.reshape(label, shape=(-1,))
+        losses = -mx.sym.log(clip(mx.sym.pick(pred, flat, axis=1)))
+        if ignore_label is None:
+            counts = mx.sym.ones_like(losses)
+        else:
+            counts = flat != float(ignore_label)
+            losses = losses * counts
+        rows = label_shape[0]
+        return tuple(  # type: ignore[return-value]
+            mx.sym.sum(mx.sym.reshape(values, shape=(rows, -1)), axis=1)
+            for values in (losses, counts)
+        )
+
+    return per_row
+
+
+def token_perplexity(ignore_label: Optional[float] = None) -> PerRow:
+    """Return the per-row function of ``perplexity``, as MXNet's (``log(max(p, 1e-10))``)."""
+    return _token_losses("perplexity", ignore_label, lambda p: mx.sym.maximum(p, 1e-10))
+
+
+def token_cross_entropy(ignore_label: Optional[float] = None) -> PerRow:
+    """Return the per-row function of ``cross_entropy`` over tokens (``log(p + 1e-12)``)."""
+    return _token_losses("cross_entropy", ignore_label, lambda p: p + _EPS)
+
+
 class DeviceMetric:
     """A metric computed on the devices: the mean (or its root) of a per-sample value.
 
@@ -173,10 +227,13 @@ class DeviceMetric:
         ``per_row(pred, label, pred_shape, label_shape) -> (sums, elements)``:
         builds, from the symbols of one device's output and label, the sum of
         the per-element values of each row (a symbol of shape ``(rows,)``),
-        and returns it with the number of elements a row counts for. Raises
-        ``ValueError`` for shapes it cannot compare.
+        and returns it with the number of elements a row counts for (an int,
+        or a symbol of each row's count: an ignored label counts for nothing).
+        Raises ``ValueError`` for shapes it cannot compare.
     root : bool, default False
         Report the square root of the mean (RMSE).
+    exponent : bool, default False
+        Report the exponential of the mean (perplexity).
     float32_per_row : callable, optional
         The same values with fewer operators, valid when the output and the
         label are both float32 (what :func:`~mxoid.metrics.head.per_row_head`
@@ -202,12 +259,14 @@ class DeviceMetric:
         per_row: PerRow,
         *,
         root: bool = False,
+        exponent: bool = False,
         float32_per_row: Optional[PerRow] = None,
         native: Optional[str] = None,
     ) -> None:
         self.name = snake_case(name)
         self.per_row = per_row
         self.root = root
+        self.exponent = exponent
         self.float32_per_row = float32_per_row
         self.native = native
 
@@ -216,6 +275,8 @@ class DeviceMetric:
         if count <= 0:
             return math.nan
         mean = total / count
+        if self.exponent:
+            return math.exp(mean)
         return math.sqrt(mean) if self.root else mean
 
     def __repr__(self) -> str:
@@ -233,4 +294,5 @@ DEVICE_METRICS: Dict[str, Callable[[], DeviceMetric]] = {
         "cross_entropy", _negative_log_likelihood, native="cross_entropy"
     ),
     "nll_loss": lambda: DeviceMetric("nll_loss", _negative_log_likelihood, native="cross_entropy"),
+    "perplexity": lambda: DeviceMetric("perplexity", token_perplexity(), exponent=True),
 }

@@ -34,10 +34,11 @@ def per_row_head(
 ) -> Optional[mx.sym.Symbol]:
     """Return a head computing the device metrics' per-row values in the symbol's own graph.
 
-    Its output, behind ``BlockGrad``, has shape ``(rows, metrics)`` in float64:
+    Its output, behind ``BlockGrad``, has shape ``(rows, columns)`` in float64:
     for each metric computed on the devices (in the order given; host metrics
     are left out), the values :class:`MetricAccumulator` would compute from
-    the outputs and labels after the forward pass. Bound as a private head
+    the outputs and labels after the forward pass, followed by each row's
+    count for a metric whose rows count differently (an ignored label). Bound as a private head
     of the executors (``DataParallelExecutorManager(..., private_heads=[head])``),
     it spares the accumulator its operator call per device: one addition is
     left. ``input_shapes`` are those of a whole batch; the metrics see each
@@ -143,10 +144,12 @@ def _columns(graph: _Graph, metrics: Sequence[Tuple[str, Metric]]) -> Optional[L
         per_row = metric.per_row
         if out_types and out_types[position] == types.get(label) == "float32":
             per_row = getattr(metric, "float32_per_row", None) or per_row
-        sums, _ = per_row(
+        sums, elements = per_row(
             symbol[position], internals[label], tuple(out_shapes[position]), tuple(shapes[label])
         )
         columns.append(sums)
+        if isinstance(elements, mx.sym.Symbol):  # each row's own count: a column after it
+            columns.append(elements)
     return columns
 
 

@@ -85,10 +85,13 @@ class HostMetric:
     def value(self, total: float, count: float) -> float:
         """Return ``total / count``, or MXNet's own value for EvalMetrics that are not a ratio.
 
-        Perplexity and PearsonCorrelation(average='micro') compute their value
-        otherwise; their value is this worker's, whatever the totals.
+        Perplexity is ``exp(total / count)`` (its sum is of log losses).
+        PearsonCorrelation(average='micro') computes its value otherwise; its
+        value is this metric's own, whatever the totals.
         """
         metric = self.metric
+        if isinstance(metric, mx.metric.Perplexity):
+            return math.exp(total / count) if count > 0 else math.nan
         if (
             isinstance(metric, mx.metric.EvalMetric)
             and type(metric).get is not mx.metric.EvalMetric.get
