@@ -109,3 +109,40 @@ class Replay(mx.io.DataIter):
 
     def reset(self):
         pass
+
+
+def token_batches(batch_size, n=32, length=8, seed=0):
+    """Batches of bucket ``length`` (not the default bucket) in a fixed order."""
+    rng = np.random.RandomState(seed)
+    tokens = rng.randint(1, 20, size=(n, length)).astype("float32")
+    labels = np.concatenate([tokens[:, 1:], np.zeros((n, 1), "float32")], axis=1)
+    return [
+        mx.io.DataBatch(
+            [mx.nd.array(tokens[i : i + batch_size])],
+            [mx.nd.array(labels[i : i + batch_size])],
+            pad=0,
+            bucket_key=length,
+            provide_data=[mx.io.DataDesc("data", (batch_size, length))],
+            provide_label=[mx.io.DataDesc("softmax_label", (batch_size, length))],
+        )
+        for i in range(0, n, batch_size)
+    ]
+
+
+class Batches(mx.io.DataIter):
+    """Given batches, the same each epoch; the default bucket is the longest (12)."""
+
+    default_bucket_key = max(BUCKETS)
+
+    def __init__(self, batches):
+        size = batches[0].data[0].shape[0]
+        super().__init__(size)
+        self.batches = batches
+        self.provide_data = [mx.io.DataDesc("data", (size, max(BUCKETS)))]
+        self.provide_label = [mx.io.DataDesc("softmax_label", (size, max(BUCKETS)))]
+
+    def __iter__(self):
+        return iter(self.batches)
+
+    def reset(self):
+        pass

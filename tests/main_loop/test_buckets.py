@@ -11,11 +11,13 @@ from buckets import (
     BATCH,
     BUCKETS,
     OPTIMIZER_PARAMS,
+    Batches,
     Replay,
     bucket_iter,
     bucketing_module_fit,
     initial_params,
     sym_gen_of,
+    token_batches,
 )
 from checkpointing import comparable_log
 from conftest import TWO_CPUS
@@ -250,3 +252,27 @@ def test_a_bucket_whose_parameters_have_other_shapes_is_a_clear_error_naming_it(
     )
     with pytest.raises(ValueError, match=r"bucket (4|8): parameter 'lstm_l0_\w+' has shape"):
         loop.run()
+
+
+def test_two_accumulated_batches_of_one_bucket_train_as_one_doubled_batch():
+    """Every batch of bucket 8 (not the default one): batches of 4 accumulated in pairs,
+    against batches of 8 of the same sentences in the same order."""
+
+    def run(batch_size, accumulate):
+        sym_gen = sym_gen_of()
+        return MainLoop(
+            sym_gen,
+            Batches(token_batches(batch_size)),
+            optimizer="sgd",
+            optimizer_params={"learning_rate": 0.5, "momentum": 0.9},
+            arg_params=initial_params(sym_gen),
+            accumulate_batches=accumulate,
+            extensions=[FinishAfter(after_n_epochs=2)],
+        ).run()
+
+    big, small = run(8, 1), run(4, 2)
+    assert small.status.updates_done == big.status.updates_done == 8
+    for name, value in params_of(big).items():
+        np.testing.assert_allclose(
+            params_of(small)[name], value, rtol=1e-5, atol=1e-6, err_msg=name
+        )
