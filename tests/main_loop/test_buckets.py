@@ -276,3 +276,19 @@ def test_two_accumulated_batches_of_one_bucket_train_as_one_doubled_batch():
         np.testing.assert_allclose(
             params_of(small)[name], value, rtol=1e-5, atol=1e-6, err_msg=name
         )
+
+
+def test_the_lstm_bucketing_example_beats_the_unigram_baseline(monkeypatch, capsys):
+    """examples/lstm_bucketing.py with tiny settings, on Python's own help texts."""
+    examples = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "examples")
+    monkeypatch.syspath_prepend(examples)
+    import lstm_bucketing
+
+    with pytest.raises(SystemExit) as done:
+        lstm_bucketing.parse_args(["--help"])
+    assert done.value.code == 0 and "--buckets" in capsys.readouterr().out
+    result = lstm_bucketing.main(
+        ["--epochs", "4", "--num-hidden", "32", "--num-embed", "16", "--vocabulary", "500"]
+    )
+    assert result["test_perplexity"] < 0.75 * result["unigram_perplexity"]
+    assert "the unigram baseline" in capsys.readouterr().out
