@@ -20,6 +20,7 @@ from .initialization import fixed_gammas
 from .invoke import PreparedCopy, backward_pass, forward_pass
 from .outputs import OutputArrays, output_short_name
 from .private_heads import RUNNING_SUMS_PREFIX, PrivateHeads
+from .waiting import wait_for
 
 __all__ = ["DataDescLike", "ExecutorSet", "as_descs"]
 
@@ -244,9 +245,8 @@ class ExecutorSet:
         passes only (no memory is added): an executor bound with
         ``grad_req='null'`` is fused by MXNet's MKLDNN subgraph backend, which
         caches the weights at its first forward and then silently uses stale
-        weights. A private head's arrays (running sums, switches) are the set's
-        own, each set's sums read apart; a tally (one count over every set) is
-        shared where the shared set has it.
+        weights. A private head's arrays (sums, switches) are the set's own; a
+        tally (one count over every set) is shared where the shared set has it.
         """
         base = self.shared.executors[device]
         symbol = self.bound_symbol
@@ -382,7 +382,7 @@ class ExecutorSet:
 
     def synchronize(self) -> None:
         """Wait for the engine (see :meth:`mxoid.DataParallelExecutorManager.synchronize`)."""
-        mx.nd.waitall()
+        wait_for(mx.nd.waitall)
 
     @property
     def pad(self) -> int:

@@ -9,6 +9,7 @@ import numpy as np
 
 from .executor_set import DataDescLike, ExecutorSet, as_descs
 from .initialization import check_fixed, fixed_gammas
+from .waiting import wait_for
 
 __all__ = ["DataParallelExecutorManager"]
 ArrayLike = Union[mx.nd.NDArray, np.ndarray]
@@ -300,17 +301,14 @@ class DataParallelExecutorManager:
 
     def zero_grads(self) -> None:
         """Set every gradient to zero (after an update, with ``grad_req='add'``)."""
-        for device_grads in self._device_grads():
-            if device_grads:
-                mx.nd.reset_arrays(*device_grads, num_arrays=len(device_grads))
-
-    def _device_grads(self) -> List[List[mx.nd.NDArray]]:
         if self._grads_by_device is None:
             self._grads_by_device = [
                 [grads[k] for grads in self.grad_arrays if grads[k] is not None]
                 for k in range(len(self.training_set.executors))
             ]
-        return self._grads_by_device
+        for device_grads in self._grads_by_device:
+            if device_grads:
+                mx.nd.reset_arrays(*device_grads, num_arrays=len(device_grads))
 
     # ------------------------------------------------------- twin executors
     def bind_twins(self) -> List[mx.executor.Executor]:
@@ -425,10 +423,10 @@ class DataParallelExecutorManager:
           from run to run, or NaN).
 
         Waiting for the whole engine (``mx.nd.waitall()``) is the only wait
-        that covers the undeclared write. An extension that reads the
-        network calls ``main_loop.synchronize()`` (the same thing) first.
+        that covers the undeclared write (a signal is handled at once meanwhile:
+        :mod:`.waiting`). Extensions call ``main_loop.synchronize()``.
         """
-        mx.nd.waitall()
+        wait_for(mx.nd.waitall)
 
     def reconcile_aux_states(self) -> None:
         """Make every device hold the same auxiliary states: their average.

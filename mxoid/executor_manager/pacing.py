@@ -33,6 +33,7 @@ import mxnet as mx
 import numpy as np
 
 from .invoke import PreparedCall
+from .waiting import wait_for
 
 __all__ = [
     "AUTO_LIMITS",
@@ -148,9 +149,12 @@ class BatchMarks:
         return position
 
     def wait(self, position: int) -> None:
-        """Wait until the batch marked at ``position`` is computed on every device."""
-        for token in self._tokens[position]:
-            token.wait_to_read()
+        """Wait until the batch marked at ``position`` is computed on every device.
+
+        Signals are handled while it waits (:func:`~mxoid.executor_manager.waiting.wait_for`).
+        """
+        tokens = self._tokens[position]
+        wait_for(lambda: [token.wait_to_read() for token in tokens])
 
 
 class Pacer:
@@ -202,6 +206,21 @@ class Pacer:
         if limit == "auto":
             limit = auto_limit(_input_bytes(manager))
         return cls(manager.outputs[manager.output_names[0]], int(limit))
+
+    @classmethod
+    def of_training(cls, manager: Any, limit: Limit) -> Optional[Pacer]:
+        """Return a pacer on the training passes of ``manager``, whichever executor set runs them.
+
+        Its marks are on each device's first gradient (every executor set,
+        a bucket's included, shares it, and every backward pass writes it); on
+        the first output where no parameter has a gradient.
+        """
+        grads = next((g for g in manager.grad_arrays if g[0] is not None), None)
+        if limit is None or grads is None:
+            return cls.of(manager, limit)
+        if limit == "auto":
+            limit = auto_limit(_input_bytes(manager))
+        return cls(grads, int(limit))
 
     def queued(self) -> None:
         """Count a batch queued; at every ``every``-th, :meth:`mark`."""

@@ -210,7 +210,7 @@ class MainLoop:
             self._start_run()
             self.manager, owners = bind_training(self, work_load_list, fixed_param_names)
             self.head_owners = {id(self.manager.training_set): owners}
-            self._pacer = Pacer.of(self.manager, self.max_batches_ahead)
+            self._pacer = Pacer.of_training(self.manager, self.max_batches_ahead)
             kv, on_kvstore = create_kvstore(kvstore, len(self.contexts), update_on_kvstore)
             self._collective = is_distributed(kv)
             checkpoint = self._checkpoint_to_resume(resume_from, on_kvstore)
