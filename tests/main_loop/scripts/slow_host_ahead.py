@@ -1,9 +1,9 @@
 """Train a network whose batches take tens of milliseconds on the engine, the host far ahead.
 
-Two epochs of 150 batches, no bound on the host's lead: the host queues an epoch
-in a moment, then waits seconds at its end for the devices (TrainingMonitoring reads
-its sums). Prints ``QUEUED <n>`` as the host starts batch n, and at the end ``STOPPED <iterations_done> <epochs_done>`` (on interruption, before the
-exit status 130).
+Two epochs of 150 batches, no bound on the host's lead: the host queues an epoch in a
+moment, then waits seconds at its end for the devices (TrainingMonitoring reads its
+sums). Prints ``QUEUED <n>`` as the host starts batch n, and at the end
+``STOPPED <iterations_done> <epochs_done>`` (on interruption, before exit status 130).
 """
 
 import os
