@@ -5,13 +5,22 @@
 - :mod:`.workers`: what a worker does beside training: exact exchanges with the other
   workers, the equal-steps check, the final pull, exiting after an error;
 - :mod:`.sharding`: each worker's equal share of the data;
-- :mod:`.launch` and :mod:`.processes`: ``mxoid launch``, which runs a job on this machine
-  and never hangs.
+- :mod:`.launch` and :mod:`.processes`: ``mxoid launch``, which runs a job and never hangs;
+  :mod:`.hosts` and :mod:`.agent` on several hosts through SSH, :mod:`.slurm` under SLURM;
+- :mod:`.exits`: in a worker process (``DMLC_ROLE=worker``), installed on import: an
+  error anywhere in the script ends the worker instead of ps-lite's finalize barrier.
 
 The names are imported on first use, so that ``mxoid launch`` starts without loading MXNet.
 """
 
+import os
+
 from .. import lazy_exports
+
+if os.environ.get("DMLC_ROLE") == "worker":
+    from .exits import install_worker_exit_hooks
+
+    install_worker_exit_hooks()
 
 _EXPORTS = {
     "MERGED": "servers",

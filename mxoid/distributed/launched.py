@@ -1,4 +1,9 @@
-"""One launched process: its output, its exit status and what /proc tells of it by its PID."""
+"""One launched process: its output, its exit status and what /proc tells of it by its PID.
+
+A process of another host is the local ``ssh`` that runs it there under
+:mod:`mxoid.distributed.agent`: signals reach it as lines on the agent's
+standard input, and closing that input ends it.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +12,60 @@ import re
 import signal
 import socket
 import subprocess
-from typing import Dict, List
+import time
+from typing import TYPE_CHECKING, Dict, List, Optional
 
-__all__ = ["HOST", "LaunchedProcess", "free_port"]
+if TYPE_CHECKING:
+    from .hosts import Host
+
+__all__ = ["EXEC_CODE", "HOST", "SCHEDULER_CODE", "LaunchedProcess", "free_port"]
 
 HOST = "127.0.0.1"
 _ERROR_LINE = re.compile(
     r"^(?:[\w.]+(?:Error|Exception|Exit|Interrupt)\b.*|mxoid: worker of rank.*)$"
 )
+HEARTBEAT_EVERY = 2.0
+"""Seconds between the launcher's heartbeats to each agent."""
+
+# The scheduler only needs libmxnet's ps-lite: loading the library with ctypes
+# takes 0.2 s where ``import mxnet`` takes 3 s of CPU, on the launch's critical
+# path. It does what mxnet/kvstore/kvstore_server.py does at import.
+SCHEDULER_CODE = """\
+import ctypes, importlib.util, os
+try:
+    path = os.environ.get("MXNET_LIBRARY_PATH") or os.path.join(
+        importlib.util.find_spec("mxnet").submodule_search_locations[0], "libmxnet.so")
+    lib = ctypes.CDLL(path)
+except (OSError, AttributeError, TypeError):
+    import mxnet  # serves inside the import
+    raise SystemExit(0)
+lib.MXGetLastError.restype = ctypes.c_char_p
+handle = ctypes.c_void_p()
+controller = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(
+    lambda *args: None)
+if (lib.MXKVStoreCreate(b"dist", ctypes.byref(handle)) != 0
+        or lib.MXKVStoreRunServer(handle, controller, None) != 0):
+    raise SystemExit("scheduler: " + lib.MXGetLastError().decode(errors="replace"))
+"""
+
+# Every child starts as this small program (``python -S -c EXEC_CODE launcher-pid
+# command...``), which asks Linux to SIGKILL it when the launcher dies
+# (PR_SET_PDEATHSIG survives exec), then becomes the command. Doing this in the
+# child after exec rather than in a preexec_fn keeps launch() safe in threaded
+# programs (a test runner with MXNet's engine threads).
+EXEC_CODE = """\
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+except (OSError, AttributeError):  # not Linux: no parent-death signal
+    pass
+if os.getppid() != int(sys.argv[1]):  # the launcher died before prctl
+    os._exit(1)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as error:
+    sys.exit(f"mxoid launch: cannot run {sys.argv[2]!r}: {error}")
+"""
 
 
 class LaunchedProcess:
@@ -27,16 +78,27 @@ class LaunchedProcess:
     index : int
         Launch index among the processes of its role (not the rank).
     popen : subprocess.Popen
+        The process, or for a process of another host, its ``ssh``.
+    host : Host, optional
+        The other host it runs on.
     """
 
-    def __init__(self, role: str, index: int, popen: subprocess.Popen) -> None:
+    def __init__(
+        self, role: str, index: int, popen: subprocess.Popen, host: Optional[Host] = None
+    ) -> None:
         self.role = role
         self.index = index
         self.popen = popen
+        self.host = host
         self.label = role if role == "scheduler" else f"{role} {index}"
+        if host is not None:
+            self.label += f" on {host}"
         self.partial: Dict[int, bytes] = {}  # per fd (1, 2): the unfinished last line
         self.held: Dict[int, bytes] = {}  # per fd: output not shown yet (see start_scheduler)
         self.errors: List[str] = []  # its error lines on stderr (an exception's last line)
+        self.remote_ticks = 0  # the CPU ticks its agent reported
+        self.listening_port: Optional[int] = None  # a remote scheduler's, once it listens
+        self.heartbeat_sent = 0.0
 
     @property
     def pid(self) -> int:
@@ -47,19 +109,79 @@ class LaunchedProcess:
         """Return True until the process has ended (and then it is reaped)."""
         return self.popen.poll() is None
 
+    def cpu_ticks(self) -> int:
+        """CPU clock ticks it used so far (on another host: as its agent last said)."""
+        return _cpu_ticks(self.pid) + self.remote_ticks
+
+    def _tell(self, data: bytes) -> None:
+        """Write ``data`` to the agent of a remote process; lost when the pipe is full or gone."""
+        stdin = self.popen.stdin
+        if stdin is None or stdin.closed:
+            return
+        try:
+            os.write(stdin.fileno(), data)
+        except (BlockingIOError, BrokenPipeError, OSError):
+            pass
+
+    def heartbeat(self) -> None:
+        """Tell the agent of a remote process that the launcher lives (every few seconds)."""
+        if self.host is not None and time.monotonic() - self.heartbeat_sent > HEARTBEAT_EVERY:
+            self.heartbeat_sent = time.monotonic()
+            self._tell(b"\n")
+
+    def deliver(self, number: int) -> None:
+        """Send signal ``number`` to the process's group, here or through its agent."""
+        if not self.running():
+            return
+        if self.host is not None:
+            self._tell(f"signal {int(number)}\n".encode())
+            return
+        try:
+            os.killpg(self.pid, number)
+        except ProcessLookupError:
+            pass
+
+    def terminate(self) -> None:
+        """SIGTERM here; on another host, close its agent's input (it ends the group)."""
+        if self.host is None or self.popen.stdin is None:
+            self.deliver(signal.SIGTERM)
+        elif not self.popen.stdin.closed:
+            try:
+                self.popen.stdin.close()
+            except OSError:
+                pass
+
+    def kill(self) -> None:
+        """SIGKILL its process group (on another host: ssh's, which closes the connection)."""
+        if self.running():
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def describe_exit(self) -> str:
         """How it ended, in words: ``'worker 1 (pid 42) was killed by SIGKILL'``."""
         code = self.popen.returncode
+        what = f"{self.label} ({'ssh ' if self.host else ''}pid {self.pid})"
         if code is not None and code < 0:
             try:
                 name = signal.Signals(-code).name
             except ValueError:
                 name = f"signal {-code}"
-            return f"{self.label} (pid {self.pid}) was killed by {name}"
+            if self.host is not None:
+                return f"the SSH session of {what} was killed by {name}"
+            return f"{what} was killed by {name}"
         said = self.error_summary()
-        return f"{self.label} (pid {self.pid}) exited with status {code}" + (
-            f": {said}" if said and code else ""
-        )
+        if self.host is not None and code == 255:
+            return f"the SSH connection of {what} was lost or refused" + (
+                f": {said}" if said else ""
+            )
+        if self.host is not None and code is not None and code > 128:
+            try:
+                return f"{what} was killed by {signal.Signals(code - 128).name} on {self.host}"
+            except ValueError:
+                pass
+        return f"{what} exited with status {code}" + (f": {said}" if said and code else "")
 
     def error_summary(self) -> str:
         """Return the error the process reported last: an exception's message, preferably."""

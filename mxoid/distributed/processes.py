@@ -17,7 +17,17 @@ import sys
 import time
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
-from .launched import _ERROR_LINE, HOST, LaunchedProcess, _cpu_ticks, _listening, free_port
+from .agent import parse_agent_line
+from .hosts import Host, Remote, remote_argv
+from .launched import (
+    _ERROR_LINE,
+    EXEC_CODE,
+    HOST,
+    SCHEDULER_CODE,
+    LaunchedProcess,
+    _listening,
+    free_port,
+)
 
 __all__ = [
     "DEFAULT_STALL_TIMEOUT",
@@ -42,56 +52,28 @@ checkpoint, flushes logs) before they are treated as stuck."""
 LONE_EXIT_WAIT = 30.0
 """Seconds the other workers may go on after one exited with status 0: workers end together
 (ps-lite's finalize barrier), so a worker that ended alone left the others waiting for it."""
-# The scheduler only needs libmxnet's ps-lite: loading the library with ctypes
-# takes 0.2 s where ``import mxnet`` takes 3 s of CPU, on the launch's critical
-# path. It does what mxnet/kvstore/kvstore_server.py does at import.
-SCHEDULER_CODE = """\
-import ctypes, importlib.util, os
-try:
-    path = os.environ.get("MXNET_LIBRARY_PATH") or os.path.join(
-        importlib.util.find_spec("mxnet").submodule_search_locations[0], "libmxnet.so")
-    lib = ctypes.CDLL(path)
-except (OSError, AttributeError, TypeError):
-    import mxnet  # serves inside the import
-    raise SystemExit(0)
-lib.MXGetLastError.restype = ctypes.c_char_p
-handle = ctypes.c_void_p()
-controller = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)(
-    lambda *args: None)
-if (lib.MXKVStoreCreate(b"dist", ctypes.byref(handle)) != 0
-        or lib.MXKVStoreRunServer(handle, controller, None) != 0):
-    raise SystemExit("scheduler: " + lib.MXGetLastError().decode(errors="replace"))
-"""
-
-# Every child starts as this small program (``python -S -c EXEC_CODE launcher-pid
-# command...``), which asks Linux to SIGKILL it when the launcher dies
-# (PR_SET_PDEATHSIG survives exec), then becomes the command. Doing this in the
-# child after exec rather than in a preexec_fn keeps launch() safe in threaded
-# programs (a test runner with MXNet's engine threads).
-EXEC_CODE = """\
-import ctypes, os, signal, sys
-try:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-except (OSError, AttributeError):  # not Linux: no parent-death signal
-    pass
-if os.getppid() != int(sys.argv[1]):  # the launcher died before prctl
-    os._exit(1)
-try:
-    os.execvp(sys.argv[2], sys.argv[2:])
-except OSError as error:
-    sys.exit(f"mxoid launch: cannot run {sys.argv[2]!r}: {error}")
-"""
 
 
 class Job:
-    """The processes of one launch, their output, and the decision to stop them."""
+    """The processes of one launch, their output, and the decision to stop them.
+
+    With ``remote`` (:class:`mxoid.distributed.hosts.Remote`), every process runs on a
+    host of its own through SSH, under :mod:`mxoid.distributed.agent`.
+    """
 
     def __init__(
-        self, num_workers: int, num_servers: int, grace: float, stdout: BinaryIO, stderr: BinaryIO
+        self,
+        num_workers: int,
+        num_servers: int,
+        grace: float,
+        stdout: BinaryIO,
+        stderr: BinaryIO,
+        remote: Optional[Remote] = None,
     ) -> None:
         self.num_workers = num_workers
         self.num_servers = num_servers
         self.grace = grace
+        self.remote = remote
         self.out = {1: stdout, 2: stderr}
         self.processes: List[LaunchedProcess] = []
         self.selector = selectors.DefaultSelector()
@@ -105,40 +87,68 @@ class Job:
         return self.signals[0] if self.signals else None
 
     # ------------------------------------------------------------ starting
-    def environment(self, port: int, role: str) -> Dict[str, str]:
-        """Return this process's environment plus the ps-lite variables for ``role``."""
-        env = dict(os.environ)
+    def environment(
+        self, port: Optional[int], role: str, host: Optional[Host] = None
+    ) -> Dict[str, str]:
+        """Return the environment of a process of ``role``: with the ps-lite variables.
+
+        Here: this process's environment; on another host: only the variables
+        the launcher carries there (``--env``).
+        """
+        if host is None or self.remote is None:
+            env, root, node = dict(os.environ), HOST, HOST
+        else:
+            env = dict(self.remote.carried)
+            root, node = self.remote.scheduler_host.address, host.address
         env.update(
-            DMLC_PS_ROOT_URI=HOST,
-            DMLC_PS_ROOT_PORT=str(port),
+            DMLC_PS_ROOT_URI=root,
             DMLC_NUM_SERVER=str(self.num_servers),
             DMLC_NUM_WORKER=str(self.num_workers),
-            DMLC_NODE_HOST=HOST,
+            DMLC_NODE_HOST=node,
             PYTHONUNBUFFERED="1",
         )
+        if port is not None:
+            env["DMLC_PS_ROOT_PORT"] = str(port)
         env.pop("DMLC_ROLE", None)
         if role != "server":  # servers set their role once mxoid is imported
             env["DMLC_ROLE"] = role
         return env
 
     def start(
-        self, role: str, index: int, command: Sequence[str], port: int, show_output: bool = True
+        self,
+        role: str,
+        index: int,
+        command: Sequence[str],
+        port: Optional[int],
+        show_output: bool = True,
+        host: Optional[Host] = None,
     ) -> LaunchedProcess:
         """Start ``command`` as a child in its own process group, dying with the launcher.
 
-        With ``show_output=False`` its output is held back until
+        With ``host``, the child is ``ssh`` running the agent there, which runs
+        ``command`` (without one, the agent runs the scheduler). With
+        ``show_output=False`` its output is held back until
         :meth:`show_held_output`.
         """
+        env = self.environment(port, role, host)
+        if host is not None and self.remote is not None:
+            agent = [sys.executable, "-m", "mxoid.distributed.agent", "--cwd", os.getcwd()]
+            agent += ["--grace", f"{self.grace / 2:g}"]
+            agent += ["--", *command] if command else ["--scheduler"]
+            command = remote_argv(self.remote.ssh_command, host, env, agent)
+            env = dict(os.environ)  # ssh's own
         wrapped = [sys.executable, "-S", "-c", EXEC_CODE, str(os.getpid()), *command]
         popen = subprocess.Popen(
             wrapped,
-            env=self.environment(port, role),
-            stdin=subprocess.DEVNULL,
+            env=env,
+            stdin=subprocess.DEVNULL if host is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
         )
-        process = LaunchedProcess(role, index, popen)
+        if popen.stdin is not None:
+            os.set_blocking(popen.stdin.fileno(), False)
+        process = LaunchedProcess(role, index, popen, host)
         self.processes.append(process)
         for stream, fd in ((popen.stdout, 1), (popen.stderr, 2)):
             os.set_blocking(stream.fileno(), False)
@@ -147,6 +157,8 @@ class Job:
 
     def start_scheduler(self, deadline: float) -> Tuple[Optional[int], str]:
         """Start the scheduler on a free port; return the port, or None and why not."""
+        if self.remote is not None:
+            return self._start_remote_scheduler(deadline)
         command = [sys.executable, "-c", SCHEDULER_CODE]
         for attempt in range(PORT_ATTEMPTS):
             port = free_port()
@@ -161,9 +173,7 @@ class Job:
                     break
             if scheduler.running():
                 return None, "the scheduler did not start listening in time"
-            limit = time.monotonic() + 1.0  # read what it said before it died
-            while self.selector.get_map() and time.monotonic() < limit:
-                self.pump(0.05)
+            self._read_last_words()
             self.forget(scheduler)
             if attempt == PORT_ATTEMPTS - 1:
                 self.show_held_output(scheduler)
@@ -171,9 +181,36 @@ class Job:
             self.note(f"the scheduler could not bind port {port}; trying another port")
         return None, "unreachable"
 
+    def _start_remote_scheduler(self, deadline: float) -> Tuple[Optional[int], str]:
+        """Start the scheduler on its host; its agent finds the port and tells it."""
+        assert self.remote is not None
+        host = self.remote.scheduler_host
+        scheduler = self.start("scheduler", 0, [], None, show_output=False, host=host)
+        limit = min(deadline, time.monotonic() + SCHEDULER_START_SECONDS)
+        while time.monotonic() < limit and self.stop_signal is None:
+            self.pump(0.1)
+            if scheduler.listening_port is not None:
+                self.show_held_output(scheduler)
+                return scheduler.listening_port, ""
+            if not scheduler.running():
+                break
+        if scheduler.running():
+            return None, f"the scheduler did not start listening on {host} in time"
+        self._read_last_words()
+        self.show_held_output(scheduler)
+        return None, f"the scheduler could not start: {scheduler.describe_exit()}"
+
+    def _read_last_words(self) -> None:
+        """Read what the processes said before they died, for up to a second."""
+        limit = time.monotonic() + 1.0
+        while self.selector.get_map() and time.monotonic() < limit:
+            self.pump(0.05)
+
     # -------------------------------------------------------------- output
     def pump(self, wait: float) -> None:
         """Copy available output, line by line with a prefix, for up to ``wait`` seconds."""
+        for process in self.processes:
+            process.heartbeat()
         for key, _ in self.selector.select(wait):
             process, fd, show = key.data
             try:
@@ -181,7 +218,6 @@ class Job:
             except BlockingIOError:
                 continue
             if chunk:
-                self.last_activity = time.monotonic()
                 data = process.partial.pop(fd, b"") + chunk
                 lines, _, rest = data.rpartition(b"\n")
                 if rest:
@@ -190,6 +226,10 @@ class Job:
                 self.selector.unregister(key.fileobj)
                 key.fileobj.close()
                 lines = process.partial.pop(fd, b"")
+            if fd == 2 and process.host is not None and lines:
+                lines = self.agent_lines(process, lines)
+            if lines or process.partial.get(fd):
+                self.last_activity = time.monotonic()
             if not lines:
                 continue
             if fd == 2:
@@ -203,6 +243,20 @@ class Job:
                 self.write(process, fd, lines)
             else:
                 process.held[fd] = process.held.get(fd, b"") + lines + b"\n"
+
+    @staticmethod
+    def agent_lines(process: LaunchedProcess, lines: bytes) -> bytes:
+        """Take the agent's lines for the launcher out of ``lines``; return the others."""
+        kept = []
+        for line in lines.split(b"\n"):
+            words = parse_agent_line(line.decode(errors="replace"))
+            if words is None:
+                kept.append(line)
+            elif words[:1] == ["ticks"] and words[1:2] and words[1].isdigit():
+                process.remote_ticks = int(words[1])
+            elif words[:1] == ["listening"] and words[1:2] and words[1].isdigit():
+                process.listening_port = int(words[1])
+        return b"\n".join(kept)
 
     def write(self, process: LaunchedProcess, fd: int, data: bytes) -> None:
         """Write lines of ``process`` to our stdout (fd 1) or stderr (fd 2), with its prefix."""
@@ -240,7 +294,7 @@ class Job:
         """No output and no CPU time used by any process for ``stall_timeout`` seconds."""
         if stall_timeout is None:
             return False
-        ticks = sum(_cpu_ticks(p.pid) for p in self.processes if p.running())
+        ticks = sum(p.cpu_ticks() for p in self.processes if p.running())
         if ticks != self.last_ticks:
             self.last_ticks = ticks
             self.last_activity = time.monotonic()
@@ -317,11 +371,8 @@ class Job:
     def signal_workers(self, number: int) -> None:
         """Send signal ``number`` to the process group of every running worker."""
         for process in self.processes:
-            if process.role == "worker" and process.running():
-                try:
-                    os.killpg(process.pid, number)
-                except ProcessLookupError:
-                    pass
+            if process.role == "worker":
+                process.deliver(number)
 
     def _errors_so_far(self) -> str:
         said = [f"{p.label}: {p.error_summary()}" for p in self.processes if p.error_summary()]
@@ -338,13 +389,10 @@ class Job:
         to anybody else. Returns the processes signalled.
         """
         signalled: List[LaunchedProcess] = []
-        for sig, wait in ((None, self.grace), (signal.SIGTERM, self.grace), (signal.SIGKILL, 5.0)):
+        for stage, wait in ((None, self.grace), ("terminate", self.grace), ("kill", 5.0)):
             for process in self.processes:
-                if sig is not None and process.running():
-                    try:
-                        os.killpg(process.pid, sig)
-                    except ProcessLookupError:
-                        pass
+                if stage is not None and process.running():
+                    getattr(process, stage)()
                     if process not in signalled:
                         signalled.append(process)
             limit = time.monotonic() + wait
@@ -371,9 +419,7 @@ class Job:
     def kill_remaining(self) -> None:
         """SIGKILL the process groups of the children still running, and reap them."""
         for process in self.processes:
-            if process.running():
-                try:
-                    os.killpg(process.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                process.popen.wait()
+            process.kill()
+            process.popen.wait()
+            if process.popen.stdin is not None:
+                process.popen.stdin.close()

@@ -196,7 +196,7 @@ def pull_parameters(
     mx.nd.waitall()
 
 
-def exit_after_error(error: BaseException, rank: int) -> NoReturn:
+def exit_after_error(error: BaseException, rank: int, during: str = "during training") -> NoReturn:
     """Report ``error`` on stderr and end this worker now.
 
     The exit status is 1, the code of a ``SystemExit`` (1 for 0: ending alone
@@ -206,13 +206,14 @@ def exit_after_error(error: BaseException, rank: int) -> NoReturn:
     ps-lite's finalize barrier, waiting for workers that wait for it. Output
     buffers and logging handlers are flushed, then the process ends with
     ``os._exit``; a launcher (``mxoid launch``) then stops the others.
+    ``during`` says where, in the message (see :mod:`mxoid.distributed.exits`).
     """
     status = 1
     if isinstance(error, SystemExit):
         # Exiting alone, even with status 0, leaves the other workers waiting for this one.
         status = error.code if isinstance(error.code, int) and error.code else 1
         print(
-            f"mxoid: worker of rank {rank} called sys.exit({error.code!r}) during training; "
+            f"mxoid: worker of rank {rank} called sys.exit({error.code!r}) {during}; "
             f"exiting with status {status} without waiting for the other workers, which "
             "cannot go on without it",
             file=sys.stderr,

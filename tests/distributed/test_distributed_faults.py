@@ -53,6 +53,31 @@ def test_a_bad_argument_on_one_rank_ends_the_job_with_its_error(tmp_path, job_en
     assert not reports(tmp_path)
 
 
+def test_an_exception_right_after_kv_create_on_one_rank_ends_the_job(tmp_path, job_env):
+    """Before MainLoop: the worker's excepthook exits instead of ps-lite's finalize barrier."""
+    job = run_job(
+        tmp_path, WORKER + ["--out", tmp_path, "--raise-after-create-on-rank", "1"], timeout=120
+    )
+    assert job.seconds < BOUND, job
+    assert job.status == 1, job
+    assert "Traceback (most recent call last)" in job.stderr, job
+    assert "ValueError: cannot load the data on rank 1 (on purpose)" in job.stderr, job
+    last = job.stderr.strip().splitlines()[-1]
+    assert "exited with status 1: ValueError: cannot load the data on rank 1" in last, job
+    assert not reports(tmp_path)
+
+
+def test_sys_exit_with_a_failure_code_after_kv_create_ends_the_job(tmp_path, job_env):
+    code = (
+        "import sys, mxnet as mx, mxoid.distributed; kv = mx.kv.create('dist_sync'); "
+        "print('rank', kv.rank, flush=True); kv.rank == 1 and sys.exit(3); kv._barrier()"
+    )
+    job = run_job(tmp_path, [sys.executable, "-c", code], timeout=120)
+    assert job.seconds < BOUND, job
+    assert job.status == 3, job
+    assert "called sys.exit(3) in its script" in job.stderr, job
+
+
 def test_sys_exit_in_an_extension_on_one_rank_ends_the_job(tmp_path, job_env):
     job = run_job(
         tmp_path,

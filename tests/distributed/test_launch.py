@@ -144,7 +144,7 @@ def test_children_die_with_a_killed_launcher(tmp_path, job_env):
     [
         (
             ["--hosts", "hosts.txt", "-n", "2", "--", "python", "train.py"],
-            "--hosts is not supported",
+            "-H hosts.txt: no such file",
         ),
         (["--", "python", "train.py"], "give the number of workers"),
         (["-n", "2"], "give the worker command after '--'"),

@@ -118,6 +118,9 @@ def main(argv=None) -> None:
     parser.add_argument("--unequal", action="store_true", help="rank 1 gets fewer rows")
     parser.add_argument("--misbehave", choices=("exit", "sigterm"))
     parser.add_argument("--bad-argument-on-rank", type=int)
+    parser.add_argument(
+        "--raise-after-create-on-rank", type=int, help="raise right after mx.kv.create, there"
+    )
     parser.add_argument("--seconds-on-rank-0", type=float, help="FinishAfter(seconds=) on rank 0")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds to sleep per batch")
     parser.add_argument("--checkpoint", help="a Checkpoint directory")
@@ -128,6 +131,8 @@ def main(argv=None) -> None:
 
     kv = mx.kv.create(args.kvstore)
     print(f"rank {kv.rank} of {kv.num_workers}", flush=True)
+    if args.raise_after_create_on_rank == kv.rank:
+        raise ValueError(f"cannot load the data on rank {kv.rank} (on purpose)")
     X, y = data(200, seed=0)
     if args.unequal:
         X, y = shard_arrays([X, y], kv)
@@ -187,6 +192,8 @@ def main(argv=None) -> None:
                 "holds_servers": holds_servers,
                 "records": records,
                 "status": loop.status.state_dict(),
+                "ssh_connection": os.environ.get("SSH_CONNECTION"),
+                "node_host": os.environ.get("DMLC_NODE_HOST"),
             },
             out,
             default=float,

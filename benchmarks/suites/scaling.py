@@ -1,0 +1,225 @@
+"""Weak scaling of MXNet's parameter server (ps-lite) under ``mxoid launch``, on loopback.
+
+For 1, 2 and 4 workers and 1 and 2 servers, each worker trains the same
+network on its own batch of fixed size (weak scaling: the global batch grows
+with the workers) with ``dist_sync`` and the optimizer on the servers, as
+``MainLoop`` does by default. Each step is timed in three parts:
+
+- compute: forward and backward, waited for;
+- barrier: a ps-lite barrier, i.e. waiting for the slowest worker (on a
+  shared 2-core machine, mostly waiting for the CPU);
+- push/pull: every gradient pushed and every weight pulled, waited for (the
+  servers sum the pushes of all workers and run the optimizer in between).
+
+Bytes per step are counted from the arrays: each worker pushes and pulls
+every parameter once; ps-lite puts an array of fewer than
+``MXNET_KVSTORE_BIGARRAY_BOUND`` (1e6) elements whole on server
+``(key * 9973) % servers`` and splits bigger ones evenly over all servers
+(``src/kvstore/kvstore_dist.h``, ``EncodeDefaultKey``). Stand-alone::
+
+    python benchmarks/suites/scaling.py --check          # 1 and 2 workers, MLP, a few steps
+    python benchmarks/suites/scaling.py --out scaling.json
+
+Results: a Markdown table on stdout (docs/scaling.md reads it), JSON with ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+BIGARRAY_BOUND = int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000"))
+PARTS = ("compute", "barrier", "pushpull")
+
+
+# ------------------------------------------------------------------------------ networks
+def network(name: str):
+    """The symbol and the data shape (without the batch) of ``name``: 'mlp' or 'lenet'."""
+    import mxnet as mx
+
+    data = mx.sym.Variable("data")
+    if name == "mlp":  # 1.86 M parameters; fc2_weight (1024 x 1024) is over the bound: split
+        net = mx.sym.FullyConnected(data, num_hidden=1024, name="fc1")
+        net = mx.sym.Activation(net, act_type="relu")
+        net = mx.sym.FullyConnected(net, num_hidden=1024, name="fc2")
+        net = mx.sym.Activation(net, act_type="relu")
+        net = mx.sym.FullyConnected(net, num_hidden=10, name="fc3")
+        return mx.sym.SoftmaxOutput(net, name="softmax"), (784,)
+    net = data  # LeNet-5 as in MXNet's examples: 431 k parameters, none over the bound
+    for filters in (20, 50):
+        net = mx.sym.Convolution(net, kernel=(5, 5), num_filter=filters)
+        net = mx.sym.Activation(net, act_type="tanh")
+        net = mx.sym.Pooling(net, pool_type="max", kernel=(2, 2), stride=(2, 2))
+    net = mx.sym.Activation(mx.sym.FullyConnected(mx.sym.flatten(net), num_hidden=500), "tanh")
+    net = mx.sym.FullyConnected(net, num_hidden=10)
+    return mx.sym.SoftmaxOutput(net, name="softmax"), (1, 28, 28)
+
+
+def server_bytes(sizes, servers):
+    """Bytes each server receives from one worker per step (4-byte floats)."""
+    shares = [0] * servers
+    for key, size in enumerate(sizes):
+        if size < BIGARRAY_BOUND:
+            shares[(key * 9973) % servers] += 4 * size
+        else:
+            for server in range(servers):
+                shares[server] += 4 * (size // servers + (server < size % servers))
+    return shares
+
+
+# ------------------------------------------------------------------------------- a worker
+def worker(args) -> None:
+    """One worker: time ``args.steps`` steps after ``args.warmup``; write rank<r>.json."""
+    import mxnet as mx
+    import numpy as np
+
+    kv = mx.kv.create("dist_sync")
+    symbol, shape = network(args.model)
+    exe = symbol.simple_bind(mx.cpu(), data=(args.batch, *shape), grad_req="write")
+    names = [n for n in symbol.list_arguments() if n not in ("data", "softmax_label")]
+    rng = np.random.RandomState(0)
+    for name in names:
+        exe.arg_dict[name][:] = rng.uniform(-0.05, 0.05, exe.arg_dict[name].shape)
+    exe.arg_dict["data"][:] = np.random.RandomState(kv.rank).rand(args.batch, *shape)
+    exe.arg_dict["softmax_label"][:] = np.random.RandomState(kv.rank).randint(0, 10, args.batch)
+    for key, name in enumerate(names):
+        kv.init(key, exe.arg_dict[name])
+    kv.set_optimizer(mx.optimizer.SGD(learning_rate=0.01, rescale_grad=1.0 / args.batch))
+    for key, name in enumerate(names):
+        kv.pull(key, out=exe.arg_dict[name])
+    mx.nd.waitall()
+    steps = []
+    for step in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        exe.forward(is_train=True)
+        exe.backward()
+        mx.nd.waitall()
+        computed = time.perf_counter()
+        kv._barrier()
+        met = time.perf_counter()
+        for key, name in enumerate(names):
+            kv.push(key, exe.grad_dict[name], priority=-key)
+            kv.pull(key, out=exe.arg_dict[name], priority=-key)
+        mx.nd.waitall()
+        done = time.perf_counter()
+        if step >= args.warmup:
+            steps.append([computed - start, met - computed, done - met])
+    sizes = [int(np.prod(exe.arg_dict[name].shape)) for name in names]
+    with open(os.path.join(args.out, f"rank{kv.rank}.json"), "w") as out:
+        json.dump({"steps": steps, "sizes": sizes}, out)
+
+
+# ------------------------------------------------------------------------------ the suite
+def run_cell(model, workers, servers, args, folder):
+    """Launch one job; return its medians per part and its bytes."""
+    from mxoid.distributed.launch import launch
+
+    out = Path(folder) / f"{model}-{workers}w-{servers}s"
+    out.mkdir()
+    command = [sys.executable, __file__, "--worker", "--model", model, "--out", str(out)]
+    command += ["--batch", str(args.batch), "--steps", str(args.steps)]
+    command += ["--warmup", str(args.warmup)]
+    with open(out / "launch.log", "wb") as log:
+        status = launch(command, workers, servers, timeout=600, stdout=log, stderr=log)
+    if status != 0:
+        raise SystemExit(
+            f"{model} {workers}w {servers}s failed:\n{(out / 'launch.log').read_text()}"
+        )
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(workers)]
+    sizes = ranks[0]["sizes"]
+    # A step's parts: the median over steps of the slowest worker's part.
+    steps = list(zip(*[r["steps"] for r in ranks]))
+    cell = {
+        part: statistics.median(max(s[i] for s in step) for step in steps)
+        for i, part in enumerate(PARTS)
+    }
+    cell["step"] = statistics.median(max(sum(s) for s in step) for step in steps)
+    model_bytes = 4 * sum(sizes)
+    cell.update(
+        model=model,
+        workers=workers,
+        servers=servers,
+        params=sum(sizes),
+        bytes_per_worker=2 * model_bytes,  # pushed + pulled
+        bytes_per_server=[2 * workers * b for b in server_bytes(sizes, servers)],
+        samples_per_s=workers * args.batch / cell["step"],
+    )
+    return cell
+
+
+def table(cells):
+    lines = [
+        "| model | workers | servers | step ms | compute | barrier | push/pull | samples/s "
+        "| MB/step per worker | MB/step per server |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        per_server = "/".join(f"{b / 1e6:.1f}" for b in c["bytes_per_server"])
+        lines.append(
+            f"| {c['model']} | {c['workers']} | {c['servers']} | {1e3 * c['step']:.1f} "
+            f"| {1e3 * c['compute']:.1f} | {1e3 * c['barrier']:.1f} | {1e3 * c['pushpull']:.1f} "
+            f"| {c['samples_per_s']:.0f} | {c['bytes_per_worker'] / 1e6:.1f} | {per_server} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="a quick run: does it work?")
+    parser.add_argument("--models", nargs="+", default=["mlp", "lenet"])
+    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4])
+    parser.add_argument("--servers", nargs="+", type=int, default=[1, 2])
+    parser.add_argument("--batch", type=int, default=64, help="per worker (default 64)")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--warmup", type=int, default=5)
+    parser.add_argument("--out", help="a JSON file for the results; with --worker, a folder")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    if args.check:
+        args.models, args.workers, args.servers, args.steps, args.warmup = (
+            ["mlp"],
+            [1, 2],
+            [1],
+            4,
+            1,
+        )
+    for name, value in (("OMP_NUM_THREADS", "1"), ("MXNET_CPU_WORKER_NTHREADS", "1")):
+        os.environ.setdefault(name, value)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    cells = []
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as folder:
+        for model in args.models:
+            for servers in args.servers:
+                for workers in args.workers:
+                    cells.append(run_cell(model, workers, servers, args, folder))
+                    print(f"# {model} {workers}w {servers}s done", file=sys.stderr, flush=True)
+    print(table(cells))
+    print(
+        f"\n{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
+        f"{time.monotonic() - started:.0f} s, batch {args.batch} per worker"
+    )
+    if args.out:
+        Path(args.out).write_text(json.dumps(cells, indent=1))
+    if args.check:
+        bad = [c for c in cells if not (c["step"] > 0 and c["bytes_per_worker"] > 0)]
+        if bad:
+            raise SystemExit(f"implausible results: {bad}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
