@@ -19,6 +19,10 @@ every parameter once; ps-lite puts an array of fewer than
 
     python benchmarks/suites/scaling.py --check          # 1 and 2 workers, MLP, a few steps
     python benchmarks/suites/scaling.py --out scaling.json
+    python benchmarks/suites/scaling.py --models messages --workers 1 2 --servers 1
+
+('messages' is a network of 66 arrays of at most 10 floats: its push/pull time over
+132 messages per step is ps-lite's cost per message.)
 
 Results: a Markdown table on stdout (docs/scaling.md reads it), JSON with ``--out``.
 """
@@ -41,10 +45,16 @@ PARTS = ("compute", "barrier", "pushpull")
 
 # ------------------------------------------------------------------------------ networks
 def network(name: str):
-    """The symbol and the data shape (without the batch) of ``name``: 'mlp' or 'lenet'."""
+    """The symbol and the data shape (without the batch) of 'mlp', 'lenet' or 'messages'."""
     import mxnet as mx
 
     data = mx.sym.Variable("data")
+    if name == "messages":  # 66 arrays of 1 to 10 floats: what ps-lite costs per message
+        net = data
+        for layer in range(32):
+            net = mx.sym.FullyConnected(net, num_hidden=1, name=f"tiny{layer}")
+        net = mx.sym.FullyConnected(net, num_hidden=10, name="out")
+        return mx.sym.SoftmaxOutput(net, name="softmax"), (1,)
     if name == "mlp":  # 1.86 M parameters; fc2_weight (1024 x 1024) is over the bound: split
         net = mx.sym.FullyConnected(data, num_hidden=1024, name="fc1")
         net = mx.sym.Activation(net, act_type="relu")
@@ -62,16 +72,80 @@ def network(name: str):
     return mx.sym.SoftmaxOutput(net, name="softmax"), (1, 28, 28)
 
 
-def server_bytes(sizes, servers):
-    """Bytes each server receives from one worker per step (4-byte floats)."""
-    shares = [0] * servers
+def placement(sizes, servers, bound=None):
+    """Per server: the bytes one worker pushes there per step, and the array parts it holds.
+
+    ps-lite's rule (``EncodeDefaultKey``): an array under the bound goes whole to server
+    ``(key * 9973) % servers``; a bigger one is split evenly over all servers.
+    """
+    bound = BIGARRAY_BOUND if bound is None else bound
+    shares, parts = [0] * servers, [0] * servers
     for key, size in enumerate(sizes):
-        if size < BIGARRAY_BOUND:
+        if size < bound:
             shares[(key * 9973) % servers] += 4 * size
+            parts[(key * 9973) % servers] += 1
         else:
             for server in range(servers):
                 shares[server] += 4 * (size // servers + (server < size % servers))
-    return shares
+                parts[server] += 1
+    return shares, parts
+
+
+def server_bytes(sizes, servers):
+    """Bytes each server receives from one worker per step (4-byte floats)."""
+    return placement(sizes, servers)[0]
+
+
+def model_sizes(name):
+    """The parameter array sizes, in kvstore key order, of 'mlp', 'lenet' or 'resnet50'."""
+    import mxnet as mx
+    import numpy as np
+
+    if name == "resnet50":  # built, not downloaded: only the shapes
+        symbol = mx.gluon.model_zoo.vision.resnet50_v1()(mx.sym.var("data"))
+        shape = (3, 224, 224)
+    else:
+        symbol, shape = network(name)
+    shapes = symbol.infer_shape(data=(1, *shape))[0]
+    skip = ("data", "softmax_label")
+    return [int(np.prod(s)) for n, s in zip(symbol.list_arguments(), shapes) if n not in skip]
+
+
+def project(args):
+    """Communication time per step on H hosts (a worker and a server on each), as Markdown.
+
+    Per step each worker pushes and pulls every array once. The busiest host's link
+    carries its worker's traffic, M (1 - 1/H) each way, and its server's, (H - 1) times
+    that server's share s of one worker's push: wire = (M (1 - 1/H) + (H - 1) s) / link.
+    The busiest server's software: parts x W x per-message cost + W s / ps-lite's
+    throughput (both measured on loopback). The step's communication is at least the
+    larger of the two.
+    """
+    lines = [
+        "| model | MB | bound | hosts | busiest server share | wire 10G ms | wire 25G ms "
+        "| software ms (this machine) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name in args.models:
+        sizes = model_sizes(name)
+        model = 4 * sum(sizes)
+        for bound in (1_000_000, args.bound):
+            for hosts in (8, 16, 32, 64):
+                shares, parts = placement(sizes, hosts, bound)
+                busiest = max(range(hosts), key=lambda j: shares[j])
+                share = shares[busiest]
+                volume = model * (1 - 1 / hosts) + (hosts - 1) * share
+                wire = [1e3 * volume / (gbits * 1e9 / 8) for gbits in (10, 25)]
+                software = 1e3 * (
+                    max(parts) * hosts * 2 * args.message_seconds
+                    + hosts * share / args.bytes_per_second
+                )
+                lines.append(
+                    f"| {name} | {model / 1e6:.1f} | {bound:g} | {hosts} "
+                    f"| {share / model * hosts:.1f} x even | {wire[0]:.1f} | {wire[1]:.1f} "
+                    f"| {software:.0f} |"
+                )
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------- a worker
@@ -180,11 +254,31 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--out", help="a JSON file for the results; with --worker, a folder")
+    parser.add_argument(
+        "--project", action="store_true", help="print the projection to 8-64 hosts instead"
+    )
+    parser.add_argument("--bound", type=float, default=1e5, help="the bound to project beside 1e6")
+    parser.add_argument(
+        "--message-seconds",
+        type=float,
+        default=0.35e-3,
+        help="a server's cost per message (default: measured here, 'messages' 1w1s)",
+    )
+    parser.add_argument(
+        "--bytes-per-second",
+        type=float,
+        default=0.29e9,
+        help="a server's bytes per second pushed and pulled back (default: measured here, mlp 1w1s)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         worker(args)
+        return 0
+    if args.project:
+        args.models = [m for m in args.models if m != "messages"] + ["resnet50"]
+        print(project(args))
         return 0
     if args.check:
         args.models, args.workers, args.servers, args.steps, args.warmup = (

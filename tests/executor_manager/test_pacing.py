@@ -156,7 +156,9 @@ def test_a_pacer_marks_every_half_limit():
 PEAK_SCRIPT = """
 import sys
 sys.path[:0] = sys.argv[1:4]  # the repository, benchmarks/, tests/
-import contenders  # the thread settings, then MXNet
+from harness import env
+env.apply_thread_settings()  # before MXNet is imported
+from harness import workload
 import mxnet as mx
 import numpy as np
 from mxoid import FinishAfter, MainLoop
@@ -172,8 +174,8 @@ if kind == "slow":  # 120 batches of 32 images 3x88x88 (3 MB), a 5 ms operator e
     net = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(slow, num_hidden=3, name="fc"), name="softmax")
     rows, epochs = 32, 1
 else:  # an MLP 784-128-64-10, 128 batches of 128 rows (400 KB) an epoch
-    X, y = contenders.make_data("mlp", 128 * 128)
-    net = contenders.build_symbol("mlp")
+    X, y = workload.make_data("mlp", 128 * 128)
+    net = workload.build_symbol("mlp")
     rows, epochs = 128, 2
 loop = MainLoop(
     net,
@@ -183,10 +185,10 @@ loop = MainLoop(
 )
 del X, y
 mx.nd.waitall()
-before = contenders._rss_kib()
-assert contenders._reset_peak_rss()
+before = workload.rss_kib()
+assert workload.reset_peak_rss()
 loop.run()
-print((contenders._peak_rss_kib() - before) / 1024)
+print((workload.peak_rss_kib() - before) / 1024)
 """
 
 

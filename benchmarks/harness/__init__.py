@@ -1,0 +1,1 @@
+"""The benchmarks' harness, shared by every suite of ``benchmarks/suites/`` (see the README)."""

@@ -1,0 +1,299 @@
+"""Contenders side by side, cell by cell: run them, read their rows, check them, tabulate.
+
+A suite declares a :class:`Contest` and calls :func:`run`: a cell's contenders train in
+turns in worker processes, then each alone for its peak memory; a row per contender
+and cell, its ratios taken round by round, its parameters against the hand loop's.
+"""
+
+import itertools
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from harness import stats
+from harness.processes import InterleavedJob, Job, run_jobs
+from harness.report import markdown_table
+
+RTOL, ATOL = 1e-5, 1e-6
+
+
+@dataclass
+class Contest:
+    suite: str  # the worker module: CONTENDERS and prepare(spec), see harness.worker
+    labels: Dict[str, str]  # contender -> its name in the tables
+    describe: Callable[[tuple], str]  # cell -> its name in the tables
+    cell_keys: Tuple[str, ...]  # the fields of a cell (``batch_size`` among them)
+    equal_to_hand: Tuple[str, ...] = ()  # must end with the hand loop's parameters
+    tolerance: Optional[Callable[[str, tuple], Tuple[float, float]]] = None  # RTOL, ATOL
+    versus: Optional[str] = None  # the contender of the 'x Module' column
+
+
+def cell_of(row: dict, keys: Sequence[str]) -> tuple:
+    return tuple(row[k] for k in keys)
+
+
+STAMPS = {"wall": "epoch_stamps", "cpu": "epoch_cpu_stamps", "host": "epoch_thread_stamps"}
+DURATIONS = {"wall": "epoch_seconds", "cpu": "epoch_cpu_seconds", "host": "epoch_host_seconds"}
+
+
+def timed_epochs(result: dict, clock: str = "wall") -> np.ndarray:
+    """A worker's timed epochs in seconds (wall-clock, process CPU, or host thread): the
+    turns of a contender in turns; the epochs after the warm-up of one alone."""
+    if result.get("interleaved"):
+        return np.asarray(result[DURATIONS[clock]], dtype=np.float64)
+    return np.diff(result[STAMPS[clock]])[1:]
+
+
+def _rates(group: Sequence[Job]) -> np.ndarray:
+    return np.concatenate([job.samples / timed_epochs(job.result) for job in group])
+
+
+def _params(job: Job) -> Dict[str, np.ndarray]:
+    with np.load(os.path.join(job.workdir, "params.npz")) as data:
+        return {k: data[k] for k in data.files}
+
+
+def analyse(jobs: List[Job], contenders: Sequence[str], contest: Contest) -> List[dict]:
+    """One row per contender and cell, in the order of the cells and ``contenders``."""
+    rows = []
+    for cell in dict.fromkeys(job.cell for job in jobs):
+        groups: Dict[str, List[Job]] = {}
+        for job in jobs:
+            if job.cell == cell:
+                groups.setdefault(job.contender, []).append(job)
+        done = [name for name, group in groups.items() if all(j.result for j in group)]
+        medians = {name: float(np.median(_rates(groups[name]))) for name in done}
+        hand = groups.get("hand", [])
+        hand_params = _params(hand[0]) if hand and hand[0].result else None
+        for name in contenders:
+            if name in groups:
+                rows.append(_row(name, cell, groups[name], medians, hand_params, contest))
+    pair_ratios(rows, contest)
+    return rows
+
+
+def _row(name, cell, group, medians, hand_params, contest: Contest) -> dict:
+    fields = dict(zip(contest.cell_keys, cell))
+    batch, samples = fields["batch_size"], group[0].samples
+    batches = -(-samples // batch)
+    row = {"contender": name, "label": contest.labels[name], **fields}
+    row.update(samples_per_epoch=samples, batches_per_epoch=batches)
+    row.update(timed_epochs=group[0].epochs - 1, runs=len(group))
+    row["errors"] = [j.error for j in group if j.error]
+    if row["errors"]:
+        return row
+    rates, median = _rates(group), medians[name]
+    hand, versus = medians.get("hand"), medians.get(contest.versus)
+    interleaved = all(j.result.get("interleaved") for j in group)
+
+    def per_batch(clock: str) -> float:
+        times = np.concatenate([timed_epochs(j.result, clock) for j in group])
+        return float(np.median(times)) * 1e6 / batches
+
+    spread = dict(median=median, min=float(rates.min()), max=float(rates.max()))
+    spread.update(q1=float(np.percentile(rates, 25)), q3=float(np.percentile(rates, 75)))
+    row.update(samples_per_second=spread, interleaved=interleaved)
+    row["epoch_seconds"] = [list(timed_epochs(j.result)) for j in group]
+    row["epoch_host_seconds"] = [list(timed_epochs(j.result, "host")) for j in group]
+    row.update(cpu_us_per_batch=per_batch("cpu"), host_us_per_batch=per_batch("host"))
+    row["warmup_seconds"] = [_warmup(j.result) for j in group]
+    row["ratio_to_hand"] = median / hand if hand else None
+    row["ratio_to_module_fit"] = median / versus if versus else None
+    row["overhead_us_per_batch"] = 1e6 * batch * (1 / median - 1 / hand) if hand else None
+    row.update(peak_rss_mib=None, peak_over_start_mib=None, other_load_cores=None)
+    row["attempts"] = sum(len(j.attempts) for j in group)
+    row["notes"] = sorted({n for j in group for n in j.result["notes"]})
+    row["finite"] = all(j.result["finite"] for j in group)
+    row["expected_equal_to_hand"] = name in contest.equal_to_hand
+    if not interleaved:
+        kib = [(j.result["peak_rss_kib"], j.result["rss_before_training_kib"]) for j in group]
+        row["peak_rss_mib"] = max(peak for peak, _ in kib) / 1024
+        row["peak_over_start_mib"] = max(peak - before for peak, before in kib) / 1024
+    if all(j.foreign_load is not None for j in group):
+        row["other_load_cores"] = max(j.foreign_load for j in group)
+    if hand_params is not None and name != "hand":
+        tolerance = contest.tolerance(name, cell) if contest.tolerance else (RTOL, ATOL)
+        row.update(_compare(group, hand_params, *tolerance))
+    return row
+
+
+def _warmup(result: dict) -> float:
+    if result.get("interleaved"):
+        return float(result["warmup_seconds"])
+    return float(np.diff(result["epoch_stamps"])[0])
+
+
+def _compare(group: Sequence[Job], hand: Dict[str, np.ndarray], rtol: float, atol: float):
+    """The largest difference of the group's parameters to the hand loop's; all close?"""
+    diffs, equal = [], True
+    for job in group:
+        params = _params(job)
+        if params.keys() != hand.keys():
+            diffs.append(float("inf"))
+            equal = False
+            continue
+        diffs.append(max(float(np.abs(params[k] - hand[k]).max()) for k in hand))
+        equal = equal and all(np.allclose(params[k], hand[k], rtol=rtol, atol=atol) for k in hand)
+    return {"rtol": rtol, "atol": atol, "max_abs_diff_to_hand": max(diffs), "equal_to_hand": equal}
+
+
+def throughput_ratio(row: dict, other: dict) -> Tuple[float, Optional[Tuple[float, float]]]:
+    """``row``'s throughput over ``other``'s, and its 90% interval (None without epochs):
+    round by round for rows of the same processes, else the ratio of the medians."""
+    paired = stats.paired_ratio(row, other)
+    if paired is not None:
+        return paired
+    ratio = row["samples_per_second"]["median"] / other["samples_per_second"]["median"]
+    return ratio, stats.ratio_interval(row, other)
+
+
+def pair_ratios(rows: List[dict], contest: Contest) -> None:
+    """Give the rows of contenders in turns their round-by-round ratios to the hand loop
+    and ``versus`` (and the overhead per batch that the ratio to the hand loop means)."""
+    index = {(r["contender"],) + cell_of(r, contest.cell_keys): r for r in rows}
+    index = {key: r for key, r in index.items() if "samples_per_second" in r}
+    for (_, *cell), row in index.items():
+        hand, versus = index.get(("hand", *cell)), index.get((contest.versus, *cell))
+        if not row.get("interleaved"):
+            continue
+        if hand is not None and hand.get("interleaved"):
+            row["ratio_to_hand"] = ratio = throughput_ratio(row, hand)[0]
+            hand_batch = row["batch_size"] / hand["samples_per_second"]["median"]
+            row["overhead_us_per_batch"] = 1e6 * hand_batch * (1 / ratio - 1)
+        if versus is not None and versus.get("interleaved"):
+            row["ratio_to_module_fit"] = throughput_ratio(row, versus)[0]
+
+
+def correctness(rows: List[dict], contest: Contest) -> dict:
+    """Failures: a worker failed, non-finite parameters, or not the hand loop's where due."""
+    failures = []
+    for row in rows:
+        where = f"{row['contender']} in {contest.describe(cell_of(row, contest.cell_keys))}"
+        if row["errors"]:
+            failures.append(f"{where}: {row['errors'][0].splitlines()[0]}")
+        elif not row["finite"]:
+            failures.append(f"{where}: non-finite parameters")
+        elif row["expected_equal_to_hand"] and "equal_to_hand" not in row:
+            failures.append(f"{where}: no hand-loop result to compare with")
+        elif row["expected_equal_to_hand"] and not row["equal_to_hand"]:
+            within = f"max |diff| {row['max_abs_diff_to_hand']:.3g}, rtol {row['rtol']}"
+            failures.append(
+                f"{where}: parameters differ from the hand loop's ({within}, atol {row['atol']})"
+            )
+    return {"ok": not failures, "failures": failures}
+
+
+def take_memory(rows: List[dict], memory_rows: List[dict], keys: Sequence[str]) -> None:
+    """Give the rows of contenders in turns the peaks of their memory pass."""
+    peaks = {(r["contender"],) + cell_of(r, keys): r for r in memory_rows}
+    for row in rows:
+        source = peaks.get((row["contender"],) + cell_of(row, keys))
+        if source and source.get("peak_rss_mib") is not None and "samples_per_second" in row:
+            row["peak_rss_mib"] = source["peak_rss_mib"]
+            row["peak_over_start_mib"] = source["peak_over_start_mib"]
+            row["memory_from"] = "a process of its own (memory pass)"
+
+
+def run(contest: Contest, plan: dict, launcher, root: str, quiet=False, worker_timeout=None):
+    """Throughput in turns, then the memory pass; the rows, the correctness check of both
+    passes, and the number of worker processes. ``plan``: ``cells``, ``contenders``,
+    ``samples`` (per cell), ``timed`` (rounds a process), ``repeat`` (processes a cell),
+    ``memory_epochs`` (timed epochs of the memory pass; none if 0), ``parallel``."""
+    cells, contenders, samples = list(plan["cells"]), list(plan["contenders"]), plan["samples"]
+    timed, repeat, memory_epochs = plan["timed"], plan["repeat"], plan["memory_epochs"]
+
+    def spec(cell: tuple, epochs: int, **who) -> dict:
+        fields = dict(zip(contest.cell_keys, cell))
+        return {"suite": contest.suite, **fields, "samples": samples[cell], "epochs": epochs, **who}
+
+    def name(cell: tuple, *more) -> str:
+        return "-".join(str(part) for part in cell + more)
+
+    def go(jobs: List[Job]) -> List[dict]:
+        run_jobs(jobs, plan["parallel"], launcher, quiet, worker_timeout, contest.describe)
+        if isinstance(jobs[0], InterleavedJob):
+            jobs = [member for job in jobs for member in job.members()]
+        jobs = sorted(jobs, key=lambda j: (cells.index(j.cell), contenders.index(j.contender)))
+        return analyse(jobs, contenders, contest)
+
+    workers = []
+    for r, cell in itertools.product(range(repeat), cells):
+        spec_ = spec(cell, 1 + timed, contenders=contenders, repeat=r)
+        workers.append(InterleavedJob(spec_, cell, root, name(cell, r)))
+    if not quiet:
+        print(f"Throughput: a cell's contenders in turns, {timed} rounds, {repeat} process(es)")
+    rows = go(workers)
+    check = correctness(rows, contest)
+    if not memory_epochs:
+        return rows, check, len(workers)
+    if not quiet:
+        print(f"Memory: each contender alone, a warm-up and {memory_epochs} timed epoch(s)")
+    folder, pairs = os.path.join(root, "memory"), itertools.product(cells, contenders)
+    memory = [
+        Job(spec(cell, 1 + memory_epochs, contender=c), cell, folder, name(cell, c))
+        for cell, c in pairs
+    ]
+    memory_rows = go(memory)
+    take_memory(rows, memory_rows, contest.cell_keys)
+    memory_check = correctness(memory_rows, contest)
+    check["failures"] += [f"memory pass: {f}" for f in memory_check["failures"]]
+    check["ok"] = check["ok"] and memory_check["ok"]
+    return rows, check, len(workers) + len(memory)
+
+
+def table(rows: List[dict], contest: Contest) -> str:
+    """The rows as one Markdown table, a line per cell on its design above it."""
+    lines, header = [], ["cell", "contender", "samples/s", "min-max", "x hand", "x Module"]
+    header += ["us/batch", "CPU us/b", "host us/b", "peak MiB", "+MiB", "params", "load"]
+    body = []
+    for row in rows:
+        cell = contest.describe(cell_of(row, contest.cell_keys))
+        if not body or body[-1][0] != cell:
+            lines.append(_design(cell, row))
+        if row["errors"]:
+            body.append([cell, row["label"], "FAILED: " + row["errors"][0].splitlines()[0]])
+            continue
+        sps = row["samples_per_second"]
+        body.append(
+            [cell, row["label"], f"{sps['median']:,.0f}", "{min:,.0f}-{max:,.0f}".format(**sps)]
+        )
+        body[-1] += [_number(row.get(k), f) for k, f in _COLUMNS] + [_params_cell(row)]
+        body[-1].append(_number(row.get("other_load_cores"), ".2f"))
+    notes = [f"note: {n}" for n in sorted({n for row in rows for n in row.get("notes", ())})]
+    return "\n".join(lines + ["", markdown_table(header, body, "llrrrrrrrrrlr")] + notes)
+
+
+_COLUMNS = (  # row key, format
+    *(("ratio_to_hand", ".2f"), ("ratio_to_module_fit", ".2f"), ("overhead_us_per_batch", "+.0f")),
+    *(("cpu_us_per_batch", ",.0f"), ("host_us_per_batch", ",.0f"), ("peak_rss_mib", ".0f")),
+    ("peak_over_start_mib", ".0f"),
+)
+
+
+def _number(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
+
+
+def _design(cell: str, row: dict) -> str:
+    if row.get("interleaved"):
+        design = f"in turns: {row['runs']} process(es) of {row['timed_epochs']} rounds"
+    else:
+        design = f"warm-up + {row['timed_epochs']} timed epochs, {row['runs']} run(s)"
+    batches = f"{row['samples_per_epoch']} samples/epoch, {row['batches_per_epoch']} batches"
+    return f"{cell}: {batches}, {design}"
+
+
+def _params_cell(row: dict) -> str:
+    """``ref`` (the hand loop), ``equal``, ``DIFF`` (a failure), ``NONFIN``, or the
+    largest difference of a contender not expected to match (Gluon's other loss)."""
+    if row["contender"] == "hand":
+        return "ref"
+    if not row["finite"]:
+        return "NONFIN"
+    if "equal_to_hand" not in row:
+        return "?"
+    if row["equal_to_hand"]:
+        return "equal"
+    return "DIFF" if row["expected_equal_to_hand"] else f"{row['max_abs_diff_to_hand']:.0e}"
