@@ -2,6 +2,7 @@
 added, RecordIO with array labels, and a switch to turn it off."""
 
 import os
+import re
 import subprocess
 import sys
 import types
@@ -52,12 +53,31 @@ def test_the_start_up_file_installs_the_hook_in_every_interpreter():
     assert out.strip() == "[False, False, False]"  # it imports nothing until MXNet is imported
 
 
+# What MXNet 1.9.1 takes from NumPy when it is imported (mxnet/numpy/utils.py), in its order.
+IMPORT_TIME_NAMES = ("bool", "PZERO", "NZERO", "NINF", "PINF", "NAN", "NaN")
+
+
 def test_it_can_be_turned_off():
+    # What this NumPy lacks of them, and whether distutils imports, without mxoid's layer.
+    probe = (
+        "import importlib.util, numpy, warnings; warnings.simplefilter('ignore'); "
+        f"print('probe', ([n for n in {IMPORT_TIME_NAMES!r} if not hasattr(numpy, n)], "
+        "importlib.util.find_spec('distutils') is not None))"
+    )
+    code, out = python(probe, MXOID_NO_COMPAT="1")
+    assert code == 0, out
+    missing, has_distutils = eval(out.split("probe ", 1)[1].splitlines()[0])
+    assert NUMPY_2 == ("PZERO" in missing)  # NumPy 2 removed them; NumPy 1.24 removed bool
     code, out = python("import mxnet", MXOID_NO_COMPAT="1")
-    if NUMPY_2:  # MXNet 1.9.1 alone does not import on NumPy 2
-        assert code != 0 and "np.PZERO" in out, out
-    else:
+    if not missing and has_distutils:  # NumPy < 1.24, Python <= 3.11 or setuptools: it imports
         assert code == 0, out
+    elif missing:  # MXNet alone fails on the first name it takes that this NumPy lacks
+        assert code != 0 and "AttributeError" in out, out
+        assert re.search(rf"\bnp\.{missing[0]}\b", out), out
+    else:
+        assert code != 0 and "distutils" in out, out
+    code, out = python("import mxnet; print('imported')")  # and with it, on this NumPy
+    assert code == 0 and "imported" in out, out
 
 
 def test_only_missing_names_are_added():
