@@ -2,23 +2,40 @@
 
 from __future__ import annotations
 
+import codecs
+import fnmatch
 import logging
 import shutil
 import sys
 from time import perf_counter
-from typing import IO, Any, Dict, List, Optional, Tuple
+from typing import IO, Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from tqdm import tqdm
 
 from ..data.position import batches_per_epoch
 from ..executor_manager.pacing import BatchMarks
-from ..log.records import BEST_ITERATION, NEW_BEST, counted, format_value
+from ..log.records import (
+    BEST_SO_FAR,
+    MONITOR_PREFIX,
+    TIMING_RECORDS,
+    RecordReader,
+    counted,
+    format_seconds,
+    format_value,
+    is_marker,
+    short_name,
+)
 from .base import Extension
+from .stopping import FinishAfter
 
 __all__ = ["Printing", "ProgressBar"]
 
 RULE = "-" * 79
+SEPARATOR = " · "
+WIDTH = 100  # lines with records are shorter, by default
+# Left out of the lines by default, besides Timing's records and the markers.
+HIDDEN_PREFIXES, HIDDEN_SUFFIXES = (MONITOR_PREFIX,), (BEST_SO_FAR,)
 HEADERS = {
     "before_training": "BEFORE FIRST EPOCH",
     "on_resumption": "TRAINING RESUMED",
@@ -33,29 +50,40 @@ HEADERS = {
 
 
 class Printing(Extension):
-    """Print how training goes: a line when it starts, after every epoch, and when it ends.
+    """Print how training goes: a line when it starts, one short line per epoch, one at the end.
 
-    The lines, in this format (records are the numbers written in the row, in
-    the order they were written; seconds since this process started training)::
+    The lines, as Keras and Lightning users expect them::
 
         Training starts: 47 batches per epoch of 32 samples on 2 devices (cpu(0), cpu(1)).
-        Epoch 1 (47 batches, 0.8 s): train_accuracy 0.71, valid_accuracy 0.85
-        Batch 100 (epoch 3, 1.6 s): train_accuracy 0.91          (with every_n_batches)
-        Training finished after 20 epochs and 940 batches (14.3 s): FinishAfter: 20 epochs done.
+        Epoch 1/20 · 0.41 s · train_acc 0.6123 · valid_acc 0.8111 · valid_ce 0.6521
+        Batch 30/47 · epoch 2/20 · 0.21 s · train_acc 0.7828      (with every_n_batches)
+        Training finished after 20 epochs and 940 batches (8.21 s): FinishAfter: 20 epochs done.
 
-    A resumed run starts with ``Training resumes from <checkpoint> after 3 epochs
-    and 141 batches.``; an interrupted one ends with ``Training interrupted by
-    SIGINT after ...``. ``verbose=True`` prints Blocks' report instead: the whole
-    status and every record of the row, under a header per hook.
+    ``Epoch i/N``: N is the epoch limit of a :class:`~mxoid.extensions.FinishAfter`, when
+    there is one. The seconds are the epoch's own (from its start to the line, evaluation
+    and checkpoint included; on a batch line, since the epoch started); the last line
+    gives the total. Records are the numbers of the row at 4 significant digits, names
+    shortened (:func:`~mxoid.log.records.short_name`: ``valid_acc``, ``valid_ce``). By
+    default the records extensions react to (EarlyStopping's, ``Checkpoint``'s
+    ``save_best_of``...) come first, then the others in the order written, as many as
+    fit in 100 columns, shown in the order written; Monitor's (``monitor_*``), Timing's,
+    ``*_best_so_far`` and the markers (``*_new_best``...) are left out. Everything is in
+    ``loop.log`` and the log files. ``records=[...]`` chooses them (names or patterns, in
+    that order, however long the line). A resumed run starts with ``Training resumes
+    from <checkpoint> after 3 epochs and 141 batches.``, an interrupted one ends with
+    ``Training interrupted by SIGINT after ...``. ``verbose=True`` prints Blocks' report
+    instead: the whole status and every record of the row, under a header per hook.
 
-    Lines go to standard output with ``tqdm.write`` (so a :class:`ProgressBar`
-    on the screen is not broken), flushed at once, or to ``logger`` (Python
-    ``logging``, for cluster logs and notebooks) at level INFO. Only the worker
-    of rank 0 prints. It runs at priority 300 by default, after the extensions
-    that write records and after checkpoints (priority 200).
+    Lines go to standard output with ``tqdm.write`` (a :class:`ProgressBar` on the screen
+    is not broken), flushed at once, or to ``logger`` (Python ``logging``) at level INFO.
+    Only the worker of rank 0 prints. It runs at priority 300 by default, after the
+    extensions that write records and after checkpoints (priority 200).
 
     Parameters
     ----------
+    records : str or sequence of str, optional
+        The records to show, by name or pattern (``fnmatch``: ``"valid_*"``,
+        ``"monitor_*"``; ``"*"`` for every number of the row); by default as above.
     verbose : bool, default False
         Blocks' multi-line report.
     logger : logging.Logger, optional
@@ -71,34 +99,45 @@ class Printing(Extension):
     >>> from mxoid import Printing
     >>> report = Printing(every_n_batches=500)
     >>> to_the_log = Printing(logger=logging.getLogger("training"))
+    >>> chosen = Printing(records=["valid_accuracy", "train_*"])
     """
 
     rank_zero_only = True
 
     def __init__(
-        self, verbose: bool = False, logger: Optional[logging.Logger] = None, **kwargs: Any
+        self,
+        records: Optional[Sequence[str]] = None,
+        verbose: bool = False,
+        logger: Optional[logging.Logger] = None,
+        **kwargs: Any,
     ) -> None:
         kwargs.setdefault("priority", 300)
-        kwargs.setdefault("before_training", True)
-        kwargs.setdefault("on_resumption", True)
-        kwargs.setdefault("after_epoch", True)
-        kwargs.setdefault("on_interrupt", True)
+        for hook in ("before_training", "on_resumption", "after_epoch", "on_interrupt"):
+            kwargs.setdefault(hook, True)
         kwargs.setdefault("after_training", True)
         super().__init__(**kwargs)
+        self.records = [records] if isinstance(records, str) else records and list(records)
         self.verbose = verbose
         self.logger = logger
-        self._started = perf_counter()
+        self._started = self._epoch_started = perf_counter()
+
+    def before_epoch(self) -> None:
+        """Note when the epoch starts, then fire the conditions."""
+        self._epoch_started = perf_counter()
+        super().before_epoch()
 
     def do(self, which_callback: str, *args: Any) -> None:
         """Print the line (or with ``verbose``, the report) of this hook."""
         if which_callback in ("before_training", "on_resumption"):
-            self._started = perf_counter()
+            self._started = self._epoch_started = perf_counter()
         text = self.report(which_callback) if self.verbose else self.line(which_callback)
         if text is None:
             return
         if self.logger is not None:
             self.logger.info(text)
         else:
+            if codecs.lookup(getattr(sys.stdout, "encoding", None) or "utf-8").name == "ascii":
+                text = text.replace("·", "|")  # an ASCII terminal has no "·"
             tqdm.write(text, file=sys.stdout)
             sys.stdout.flush()
 
@@ -106,7 +145,7 @@ class Printing(Extension):
         """Return the one-line message of a hook (None: nothing to say at that hook)."""
         loop = self.main_loop
         status = loop.status
-        seconds = perf_counter() - self._started
+        seconds = format_seconds(perf_counter() - self._started)
         done = (
             f"{counted(status.epochs_done, 'epoch')} and {counted(status.iterations_done, 'batch')}"
         )
@@ -121,35 +160,68 @@ class Printing(Extension):
         if which_callback == "on_resumption":
             return f"Training resumes from {loop.resumed_from} after {done}."
         if which_callback == "after_epoch":
-            return (
-                f"Epoch {status.epochs_done} ({counted(status.iterations_done_in_epoch, 'batch')}"
-                f", {seconds:.1f} s){self._records()}"
-            )
+            return self._with_records(f"Epoch {self._of_epochs(status.epochs_done)}")
         if which_callback in ("after_batch", "before_batch"):
-            return (
-                f"Batch {status.iterations_done} (epoch {status.epochs_done + 1}, "
-                f"{seconds:.1f} s){self._records()}"
+            batches = batches_per_epoch(loop.train_data)
+            return self._with_records(
+                f"Batch {status.iterations_done_in_epoch}{f'/{batches}' if batches else ''}"
+                f"{SEPARATOR}epoch {self._of_epochs(status.epochs_done + 1)}"
             )
         if which_callback == "after_training":
             if status.interrupted:
-                return (
-                    f"Training interrupted by {status.interrupted} after {done} ({seconds:.1f} s)."
-                )
-            return f"Training finished after {done} ({seconds:.1f} s): {status.stop_reason}."
+                return f"Training interrupted by {status.interrupted} after {done} ({seconds})."
+            return f"Training finished after {done} ({seconds}): {status.stop_reason}."
         if which_callback == "on_error":
             return f"Training failed after {done}: {loop.log.current_row.get('error')}."
         return None  # on_interrupt: the line at the end says it
 
-    def _records(self) -> str:
-        row = self.main_loop.log.get(self.main_loop.status.iterations_done, {})
-        numbers = [
-            f"{name} {format_value(value)}"
-            for name, value in row.items()
-            if isinstance(value, (int, float, np.number))
-            and not isinstance(value, bool)
-            and not name.endswith((BEST_ITERATION, NEW_BEST))
+    def _of_epochs(self, epoch: int) -> str:
+        """``3/20`` with the epoch limit of a FinishAfter, ``3`` without one."""
+        limits = [
+            extension.epoch_limit
+            for extension in self.main_loop.extensions
+            if isinstance(extension, FinishAfter) and extension.epoch_limit is not None
         ]
-        return (": " + ", ".join(numbers)) if numbers else ""
+        return f"{epoch}/{min(limits)}" if limits else str(epoch)
+
+    def _with_records(self, head: str) -> str:
+        """``head · seconds of the epoch · records``."""
+        seconds = format_seconds(perf_counter() - self._epoch_started)
+        row = self.main_loop.log.get(self.main_loop.status.iterations_done, {})
+        numbers = {
+            name: value
+            for name, value in row.items()
+            if isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+        }
+        if self.records is not None:
+            chosen = [n for p in self.records for n in numbers if fnmatch.fnmatchcase(n, p)]
+        else:
+            chosen = self._fitting(len(head), [n for n in numbers if _shown_by_default(n)])
+        items = [_item(name, numbers[name]) for name in dict.fromkeys(chosen)]
+        return SEPARATOR.join([head, seconds, *items])
+
+    def _fitting(self, head: int, names: List[str]) -> List[str]:
+        """Return the records that fit in ``WIDTH`` columns, in the row's order.
+
+        The records extensions react to (through a RecordReader: EarlyStopping, TrackBest,
+        Checkpoint's save_best_of...) go in first, then the others in the row's order. The
+        seconds are counted 10 characters wide and each value 8 ("0.001234"), so that the
+        same records fit on every line, whatever their values.
+        """
+        watched = {
+            reader.name
+            for extension in self.main_loop.extensions
+            for value in vars(extension).values()
+            for reader in (value if isinstance(value, list) else [value])
+            if isinstance(reader, RecordReader)
+        }
+        length, kept = head + len(SEPARATOR) + 10, set()
+        for name in sorted(names, key=lambda name: name not in watched):
+            length += len(SEPARATOR) + len(short_name(name)) + 1 + 8
+            if length >= WIDTH:
+                break
+            kept.add(name)
+        return [name for name in names if name in kept]
 
     def report(self, which_callback: str) -> str:
         """Return Blocks' report of a hook: a header, the status and the current row's records."""
@@ -162,35 +234,41 @@ class Printing(Extension):
         return "\n".join(lines)
 
 
+def _shown_by_default(name: str) -> bool:
+    hidden = name.startswith(HIDDEN_PREFIXES) or name.endswith(HIDDEN_SUFFIXES)
+    return not (hidden or name in TIMING_RECORDS or is_marker(name))
+
+
+def _item(name: str, value: Any) -> str:
+    return f"{short_name(name)} {format_value(value, digits=4, zeros=True)}"
+
+
 class ProgressBar(Extension):
     """A tqdm progress bar per epoch, counting computed batches, with the newest records.
 
-    MXNet's engine computes batches after the loop has handed them over, so a
-    count of batches handed over runs ahead of the work. The bar counts a batch
-    once its outputs are computed on every device, and catches up at most every
-    ``mininterval`` seconds, when tqdm would redraw anyway: it then waits for
-    the batch it marked at its previous catch-up, counts it and those before
-    it, and marks the current batch (a copy of one output element per device,
-    :class:`~mxoid.pacing.BatchMarks`). Between
-    catch-ups it does not touch the engine. So the count never includes a
-    batch the engine has not computed, trails the loop by the batches handed
-    over since the previous catch-up, and the loop never runs further ahead
-    of the engine than that. Waiting rarely is what keeps the bar cheap: a
-    wait that blocks costs the Python thread 70-150 us of CPU time to sleep
-    and wake up (measured on a 2-core virtual machine), and blocking a few
-    times per epoch instead of every few batches took 60-200 us of host time
-    per batch off the MLP benchmark. ``mininterval=0`` catches up at every
-    batch (a count one batch behind the loop, and a wait per batch).
+    MXNet's engine computes batches after the loop has handed them over, so a count of
+    batches handed over runs ahead of the work. The bar counts a batch once its outputs
+    are computed on every device, and catches up at most every ``mininterval`` seconds,
+    when tqdm would redraw anyway: it then waits for the batch it marked at its previous
+    catch-up, counts it and those before it, and marks the current batch (a copy of one
+    output element per device, :class:`~mxoid.pacing.BatchMarks`). Between catch-ups it
+    does not touch the engine. So the count never includes a batch the engine has not
+    computed, trails the loop by the batches handed over since the previous catch-up,
+    and the loop never runs further ahead of the engine than that. Waiting rarely is
+    what keeps the bar cheap: a wait that blocks costs the Python thread 70-150 us of
+    CPU time to sleep and wake up (measured on a 2-core virtual machine), and blocking a
+    few times per epoch instead of every few batches took 60-200 us of host time per
+    batch off the MLP benchmark. ``mininterval=0`` catches up at every batch (a count
+    one batch behind the loop, and a wait per batch).
 
-    The bar's length is the number of batches of the previous epoch, or
-    before the first epoch ends, what the training iterator says (see
-    :func:`~mxoid.checkpoint.data_position.batches_per_epoch`); without either
-    the bar counts batches with no total. Numeric records of the current row
-    (Python or NumPy numbers; NDArrays are left out, as reading them would
-    wait for the device) are shown after the bar, as many as fit the
-    terminal's width, and kept until a newer value comes. At the end of each
-    epoch the bar counts every batch and closes; it is closed too when
-    training ends, fails or is interrupted. A bar tqdm disables (not on a
+    The bar's length is the number of batches of the previous epoch, or before the first
+    epoch ends, what the training iterator says (see
+    :func:`~mxoid.checkpoint.data_position.batches_per_epoch`); without either the bar
+    counts batches with no total. Numeric records of the current row (Python or NumPy
+    numbers; NDArrays are left out, as reading them would wait for the device) are shown
+    after the bar, as many as fit the terminal's width, and kept until a newer value
+    comes. At the end of each epoch the bar counts every batch and closes; it is closed
+    too when training ends, fails or is interrupted. A bar tqdm disables (not on a
     terminal, or ``disable=True``) does not catch up during the epoch.
 
     Parameters

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import difflib
 import math
+import os
+import re
+import sys
 import warnings
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -40,8 +43,10 @@ __all__ = [
     "TRAINING_FINISH_REQUESTED",
     "RecordReader",
     "counted",
+    "format_seconds",
     "format_value",
     "is_marker",
+    "short_name",
     "plain_value",
     "to_float",
 ]
@@ -138,8 +143,20 @@ class RecordReader:
         warnings.warn(
             f"{who}record {self.name!r} has not been written in the first epoch"
             f"{hint} (the records so far: {names}). Until it is, nothing is checked",
-            stacklevel=4,
+            stacklevel=_first_frame_outside_mxoid(),
         )
+
+
+def _first_frame_outside_mxoid() -> int:
+    """Return the ``stacklevel`` of the first caller outside mxoid, for ``warnings.warn``.
+
+    The user's ``loop.run()`` (or their own extension), however deep the loop's calls are.
+    """
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(2), 2  # level 1: the function that calls warnings.warn
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def plain_value(value: Any) -> Any:
@@ -178,12 +195,56 @@ def to_float(value: Any, name: str) -> float:
     return float(value)
 
 
-def format_value(value: Any) -> str:
-    """Return a short text for a record value: floats with 6 significant digits."""
+def format_value(value: Any, digits: int = 6, zeros: bool = False) -> str:
+    """Return a short text for a record value: floats with ``digits`` significant digits.
+
+    ``zeros=True`` keeps the trailing zeros (``0.9300`` rather than ``0.93``).
+    """
     value = plain_value(value)
     if isinstance(value, float) and math.isfinite(value):
-        return f"{value:.6g}"
+        return f"{value:{'#' if zeros else ''}.{digits}g}"
     return str(value)
+
+
+SHORT_NAMES = (
+    (re.compile(r"top_k_accuracy_(\d+)$"), r"top\1_acc"),
+    (re.compile(r"accuracy$"), "acc"),
+    (re.compile(r"cross_entropy$"), "ce"),
+    (re.compile(r"perplexity$"), "ppl"),
+)
+"""How :func:`short_name` shortens the metric at the end of a record's name."""
+
+
+def short_name(name: str) -> str:
+    """Return a record's name as a console line shows it: ``valid_accuracy`` -> ``valid_acc``.
+
+    ``accuracy`` -> ``acc``, ``cross_entropy`` -> ``ce``, ``top_k_accuracy_5`` ->
+    ``top5_acc``, ``perplexity`` -> ``ppl``, at the end of the name; others as they are.
+
+    >>> short_name("valid_cross_entropy"), short_name("train_top_k_accuracy_5")
+    ('valid_ce', 'train_top5_acc')
+    """
+    for pattern, replacement in SHORT_NAMES:
+        shorter = pattern.sub(replacement, name)
+        if shorter != name:
+            return shorter
+    return name
+
+
+def format_seconds(seconds: float) -> str:
+    """Return a duration as people read it: ``0.31 s``, ``12.3 s``, ``4 min 05 s``, ``2 h 03 min``.
+
+    >>> format_seconds(0.314), format_seconds(12.34), format_seconds(245), format_seconds(7390)
+    ('0.31 s', '12.3 s', '4 min 05 s', '2 h 03 min')
+    """
+    if seconds < 10:
+        return f"{seconds:.2f} s"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, rest = divmod(int(round(seconds)), 60)
+    if minutes < 60:
+        return f"{minutes} min {rest:02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def counted(number: int, noun: str) -> str:

@@ -147,15 +147,114 @@ def test_printing_says_one_line_when_training_starts_each_epoch_and_at_the_end(c
         ],
         contexts=[mx.cpu(0), mx.cpu(1)],
     ).run()
-    lines = re.sub(r"\d+\.\d s", "T s", capsys.readouterr().out).splitlines()
+    lines = re.sub(r"\d+\.\d\d? s", "T s", capsys.readouterr().out).splitlines()
+    # valid_loss_best_so_far and TrackBest's markers are in the log, not on the line.
     assert lines == [
         "Training starts: 4 batches per epoch of 25 samples on 2 devices (cpu(0), cpu(1)).",
-        "Batch 3 (epoch 1, T s)",
-        "Epoch 1 (4 batches, T s): valid_loss 0.5, valid_loss_best_so_far 0.5",
-        "Batch 6 (epoch 2, T s)",
-        "Epoch 2 (4 batches, T s): valid_loss 0.25, valid_loss_best_so_far 0.25",
+        "Batch 3/4 · epoch 1/2 · T s",
+        "Epoch 1/2 · T s · valid_loss 0.5000",
+        "Batch 2/4 · epoch 2/2 · T s",
+        "Epoch 2/2 · T s · valid_loss 0.2500",
         "Training finished after 2 epochs and 8 batches (T s): FinishAfter: 2 epochs done.",
     ]
+
+
+def test_printing_without_an_epoch_limit_counts_epochs_alone(capsys):
+    small_loop([Printing(), FinishAfter(after_n_batches=6)]).run()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("Epoch 1 · ") and len(lines) == 3
+    assert lines[2].startswith("Training finished after 1 epoch and 6 batches (")
+    assert lines[2].endswith("FinishAfter: 6 batches done.")
+
+
+class Sleep(Extension):
+    """Host work of its own in every batch: ``seconds`` a batch."""
+
+    def __init__(self, seconds):
+        super().__init__()
+        self.seconds = seconds
+
+    def after_batch(self, batch):
+        time.sleep(self.seconds)
+
+
+def seconds_of(line):
+    import re
+
+    return float(re.search(r" · (\d+\.\d+) s", line).group(1))
+
+
+def test_the_seconds_of_an_epoch_are_its_own_and_the_last_line_gives_the_total(capsys):
+    # 4 batches of 0.1 s an epoch: each epoch line says about 0.4 s, not the time so far.
+    small_loop([Printing(), Sleep(0.1), FinishAfter(after_n_epochs=3)]).run()
+    lines = capsys.readouterr().out.splitlines()
+    epochs = [seconds_of(line) for line in lines if line.startswith("Epoch ")]
+    assert len(epochs) == 3 and all(0.4 <= seconds < 0.8 for seconds in epochs), lines
+    total = float(lines[-1].split("(")[1].split(" s)")[0])
+    assert 1.2 <= total and sum(epochs) <= total + 0.01, lines
+
+
+def test_the_default_line_shows_what_fits_in_100_columns_watched_records_first(capsys):
+    from mxoid import EarlyStopping, Monitor
+
+    names = [f"record_{i}" for i in range(12)] + ["valid_accuracy", "valid_cross_entropy"]
+    small_loop(
+        [Script(name, [0.001234, 0.5]) for name in names]
+        + [
+            Script("time_epoch", [1.0, 2.0]),  # Timing's records: left out
+            Monitor("fc1_weight", every_n_batches=4),  # monitor_*: left out
+            EarlyStopping("valid_cross_entropy", patience=5),
+            TrackBest("valid_accuracy", mode="max"),
+            Printing(),
+            FinishAfter(after_n_epochs=2),
+        ]
+    ).run()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch")]
+    assert len(lines) == 2 and all(len(line) < 100 for line in lines), lines
+    # The records the loop reacts to first, then the others, shown in the order written.
+    first = lines[0].split(" · ")
+    assert first[:2] == ["Epoch 1/2", first[1]] and first[-2:] == [
+        "valid_acc 0.001234",
+        "valid_ce 0.001234",
+    ]
+    assert first[2] == "record_0 0.001234" and "record_11" not in lines[0]
+    # The same records on every line, whatever their values.
+    assert [item.split()[0] for item in lines[1].split(" · ")[2:]] == [
+        item.split()[0] for item in first[2:]
+    ]
+    assert "monitor_" not in lines[0] and "time_epoch" not in lines[0]
+    assert "best" not in lines[0] and lines[1].endswith("valid_ce 0.5000")
+
+
+def test_printing_shows_the_records_asked_for(capsys):
+    from mxoid import Monitor
+
+    loop = small_loop(
+        [
+            Script("valid_loss", [0.5, 0.25]),
+            TrackBest("valid_loss"),
+            Monitor("fc1_weight", every_n_batches=4),
+            Printing(records=["monitor_*", "valid_loss_best_so_far", "not_there"]),
+            Printing(records="valid_loss", name="one"),
+            FinishAfter(after_n_epochs=2),
+        ]
+    ).run()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch")]
+    monitored = [name for name in loop.log[4] if name.startswith("monitor_")]
+    assert monitored and lines[0].split(" · ")[2:] == [
+        f"{name} {loop.log[4][name]:#.4g}" for name in monitored
+    ] + ["valid_loss_best_so_far 0.5000"]
+    assert lines[1].endswith(" s · valid_loss 0.5000")
+
+
+def test_an_ascii_terminal_gets_bars_instead_of_dots(monkeypatch):
+    import sys
+
+    screen = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    monkeypatch.setattr(sys, "stdout", screen)
+    small_loop([Printing(), Script("valid_loss", [0.5]), FinishAfter(after_n_epochs=1)]).run()
+    screen.seek(0)
+    assert screen.read().splitlines()[1].endswith(" s | valid_loss 0.5000")
 
 
 def test_printing_through_python_logging(caplog):
@@ -167,7 +266,7 @@ def test_printing_through_python_logging(caplog):
         ).run()
     messages = [r.getMessage() for r in caplog.records if r.name == "training"]
     assert messages[0].startswith("Training starts: 4 batches per epoch")
-    assert messages[1].startswith("Epoch 1 (4 batches, ")
+    assert messages[1].startswith("Epoch 1/1 · ")
     assert messages[2].startswith("Training finished after 1 epoch and 4 batches")
 
 
