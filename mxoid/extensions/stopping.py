@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 import mxnet as mx
 import numpy as np
 
-from ..log.records import MISSING, NAN_DETECTED, RecordReader, plain_value, to_float
+from ..log.records import MISSING, NAN_DETECTED, RecordReader, counted, plain_value, to_float
 from .base import Extension
 from .selection import BestValue
 
@@ -58,6 +58,14 @@ class FinishAfter(Extension):
         seconds: Optional[float] = None,
         **kwargs: Any,
     ) -> None:
+        kwargs.setdefault("before_training", True)
+        kwargs.setdefault("on_resumption", True)
+        if after_n_epochs is not None:
+            kwargs.setdefault("after_epoch", True)
+        if after_n_batches is not None or seconds is not None:
+            kwargs.setdefault("after_batch", True)
+        # First, so that a misspelt keyword (after_n_epoch=2) is named, as for any extension.
+        super().__init__(**kwargs)
         if after_n_epochs is None and after_n_batches is None and seconds is None:
             raise ValueError("FinishAfter needs after_n_epochs, after_n_batches or seconds")
         for name, value in (
@@ -75,13 +83,6 @@ class FinishAfter(Extension):
         self.time_limit = seconds
         self._seconds_before = 0.0
         self._started: Optional[float] = None
-        kwargs.setdefault("before_training", True)
-        kwargs.setdefault("on_resumption", True)
-        if after_n_epochs is not None:
-            kwargs.setdefault("after_epoch", True)
-        if after_n_batches is not None or seconds is not None:
-            kwargs.setdefault("after_batch", True)
-        super().__init__(**kwargs)
 
     def seconds_elapsed(self) -> float:
         """Seconds of training so far, including those before a resumption."""
@@ -95,11 +96,11 @@ class FinishAfter(Extension):
         status = self.main_loop.status
         if self.epoch_limit is not None and status.epochs_done >= self.epoch_limit:
             self.main_loop.request_stop(
-                f"{self.name}: {status.epochs_done} epochs done", every_rank=True
+                f"{self.name}: {counted(status.epochs_done, 'epoch')} done", every_rank=True
             )
         elif self.batch_limit is not None and status.iterations_done >= self.batch_limit:
             self.main_loop.request_stop(
-                f"{self.name}: {status.iterations_done} batches done", every_rank=True
+                f"{self.name}: {counted(status.iterations_done, 'batch')} done", every_rank=True
             )
         elif self.time_limit is not None and self.seconds_elapsed() >= self.time_limit:
             self.main_loop.request_stop(
@@ -310,7 +311,7 @@ class NaNGuard(Extension):
         self.main_loop.log.current_row[NAN_DETECTED] = name
         message = (
             f"{self.name}: {what} at iteration {status.iterations_done} "
-            f"({status.epochs_done} epochs done); training stops"
+            f"({counted(status.epochs_done, 'epoch')} done); training stops"
         )
         logger.error(message)
         self.main_loop.request_stop(message)

@@ -196,6 +196,42 @@ def test_finish_after_rejects_bad_arguments(kwargs):
         FinishAfter(**kwargs)
 
 
+def test_finish_after_names_a_misspelt_keyword_as_every_extension_does():
+    from mxoid import Printing
+
+    with pytest.raises(TypeError, match="unexpected keyword argument 'after_n_epoch'"):
+        FinishAfter(after_n_epoch=2)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'evry_n_batches'"):
+        Printing(evry_n_batches=3)
+
+
+@pytest.mark.parametrize(
+    "limit, reason",
+    [
+        (dict(after_n_epochs=1), "FinishAfter: 1 epoch done"),
+        (dict(after_n_epochs=2), "FinishAfter: 2 epochs done"),
+        (dict(after_n_batches=1), "FinishAfter: 1 batch done"),
+        (dict(after_n_batches=3), "FinishAfter: 3 batches done"),
+    ],
+)
+def test_finish_after_counts_in_words(limit, reason):
+    assert small_loop([FinishAfter(**limit)]).run().status.stop_reason == reason
+
+
+def test_a_mistyped_record_is_warned_about_at_the_users_line():
+    stopper = EarlyStopping("valid_los", patience=2)
+    loop = small_loop([Script("valid_loss", [1.0, 0.5]), stopper, FinishAfter(after_n_epochs=2)])
+    with pytest.warns(UserWarning, match="did you mean 'valid_loss'") as warned:
+        loop.run()  # the line the warning points at
+    (warning,) = [w for w in warned if "valid_los'" in str(w.message)]
+    assert warning.filename == __file__ and warning.lineno == line_of("loop.run()  # the line")
+
+
+def line_of(text):
+    with open(__file__) as source:
+        return next(number for number, line in enumerate(source, 1) if text in line)
+
+
 # ----------------------------------------------------------------------- NaNGuard
 class WeightNorm(Extension):
     """Records the norm of fc1_weight after every batch, and whether every parameter is finite."""

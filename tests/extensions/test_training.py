@@ -150,7 +150,7 @@ def test_reduce_lr_on_plateau_never_goes_below_min_lr_and_survives_a_resumption(
 def test_run_again_goes_on_to_a_raised_limit_and_says_when_it_does_nothing():
     finish = FinishAfter(after_n_epochs=1)
     loop = small_loop([finish]).run()
-    with pytest.warns(UserWarning, match="trains nothing more: FinishAfter: 1 epochs done"):
+    with pytest.warns(UserWarning, match="trains nothing more: FinishAfter: 1 epoch done"):
         loop.run()
     assert loop.status.iterations_done == 4
     finish.epoch_limit = 3
