@@ -13,7 +13,9 @@ import random
 import shutil
 from typing import Dict, List, Sequence, Tuple
 
-# Quiet MXNet's "Subgraph backend MKLDNN is activated" line, printed at every bind.
+# MXNet prints "Subgraph backend MKLDNN is activated" at every bind: a notice about its
+# CPU backend that says nothing about training. Set before MXNet is imported (each example
+# imports this module first); an explicit MXNET_SUBGRAPH_VERBOSE=1 still shows it.
 os.environ.setdefault("MXNET_SUBGRAPH_VERBOSE", "0")
 
 import mxnet as mx
@@ -21,6 +23,7 @@ import numpy as np
 
 __all__ = [
     "EXAMPLES_EXTRA",
+    "HelpFormatter",
     "MNIST_FILES",
     "add_common_arguments",
     "digits_splits",
@@ -51,6 +54,15 @@ Arrays = Tuple[np.ndarray, np.ndarray]
 
 
 # --------------------------------------------------------------- arguments
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """``--help`` with each option's default, once: not where the help says it, nor None."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or "(default:" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action) or ""
+
+
 def parse_contexts(text: str) -> List[mx.Context]:
     """Turn ``'cpu:0,cpu:1'`` (or ``'gpu:0'``, ``'cpu'``) into a list of contexts."""
     contexts = []
@@ -76,9 +88,9 @@ def add_common_arguments(
     parser.add_argument(
         "--contexts",
         type=parse_contexts,
-        default=[mx.cpu(0)],
+        default="cpu:0",  # a string default goes through parse_contexts too
         metavar="CTX,CTX",
-        help="devices, e.g. cpu:0,cpu:1 (default: cpu:0)",
+        help="devices, e.g. cpu:0,cpu:1 (default: %(default)s)",
     )
     parser.add_argument(
         "--epochs", type=int, default=epochs, help="at most this many epochs (default: %(default)s)"

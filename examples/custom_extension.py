@@ -124,7 +124,7 @@ class GradientNorms(Extension):
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=__doc__.split("\n\n")[0], formatter_class=common.HelpFormatter
     )
     common.add_common_arguments(
         parser, epochs=5, batch_size=32, learning_rate=0.05, output_dir="runs/custom_extension"

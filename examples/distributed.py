@@ -38,7 +38,7 @@ NOT_LAUNCHED = (
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=__doc__.split("\n\n")[0], formatter_class=common.HelpFormatter
     )
     train_digits.add_arguments(parser)
     parser.add_argument("--kvstore", choices=("dist_sync", "dist_async"), default="dist_sync")

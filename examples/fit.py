@@ -62,10 +62,10 @@ INITIALIZERS = {
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=__doc__.split("\n\n")[0], formatter_class=common.HelpFormatter
     )
     data = parser.add_argument_group("data and network")
-    data.add_argument("--data-dir", help="MNIST's four *-idx?-ubyte.gz files (default: digits)")
+    data.add_argument("--data-dir", help="MNIST's four *-idx?-ubyte.gz files (default: the digits)")
     data.add_argument("--network", choices=("lenet", "mlp"), default="lenet")
     data.add_argument("--num-classes", type=int, default=10)
     data.add_argument("--batch-size", type=int, default=64)
@@ -76,9 +76,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     devices.add_argument(
         "--contexts",
         type=common.parse_contexts,
-        default=[mx.cpu(0)],
+        default="cpu:0",  # a string default goes through parse_contexts too
         metavar="CTX,CTX",
-        help="devices, e.g. cpu:0,cpu:1",
+        help="devices, e.g. cpu:0,cpu:1 (default: %(default)s)",
     )
     devices.add_argument(
         "--kv-store", default="local", help="kvstore type: local, device, dist_sync"

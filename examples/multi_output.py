@@ -61,7 +61,7 @@ def two_label_iterator(
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=__doc__.split("\n\n")[0], formatter_class=common.HelpFormatter
     )
     common.add_common_arguments(
         parser, epochs=15, batch_size=32, learning_rate=0.05, output_dir="runs/multi_output"

@@ -59,7 +59,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],
         epilog="Records: train_/valid_/test_ accuracy and cross_entropy, per epoch.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=common.HelpFormatter,
     )
     add_arguments(parser)
     parser.add_argument(

@@ -42,7 +42,7 @@ from mxoid import (
 
 def parse_args(argv: Optional[Sequence[str]] = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=__doc__.split("\n\n")[0], formatter_class=common.HelpFormatter
     )
     parser.add_argument(
         "--data-dir",
