@@ -44,8 +44,10 @@ SCRIPTS = (
 
 
 def example_env():
-    env = dict(os.environ, OMP_NUM_THREADS="1", MXNET_SUBGRAPH_VERBOSE="0", PYTHONUNBUFFERED="1")
+    """As a user runs them: without MXNET_SUBGRAPH_VERBOSE, which the examples set themselves."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env.pop("DMLC_ROLE", None)
+    env.pop("MXNET_SUBGRAPH_VERBOSE", None)
     return env
 
 
@@ -92,6 +94,8 @@ def test_every_example_has_help(script, monkeypatch, capsys):
     assert run_in_process(script, "--help", monkeypatch=monkeypatch).code == 0
     out = capsys.readouterr().out
     assert out.startswith("usage:") and "--contexts" in out and "--epochs" in out
+    flat = " ".join(out.split())  # argparse wraps the help
+    assert "(default: None)" not in flat and not re.search(r"\(default: [^)]*\) \(default:", flat)
 
 
 # ------------------------------------------------------------------ digits
@@ -104,13 +108,20 @@ def test_digits_defaults_reach_95_percent(tmp_path):
     )
     assert test_accuracy[-1] >= 0.95
     assert f"test accuracy {test_accuracy[-1]:.4f}" in out
-    # Printing reported every epoch; the run stopped early or at the limit.
-    epoch_lines = [
-        line for line in out.splitlines() if re.match(r"Epoch \d+ \(\d+ batches, ", line)
-    ]
+    # Printing reported every epoch, in a line under 100 characters with the epoch's own
+    # seconds (they add up to no more than the total on the last line); the run stopped
+    # early or at the limit.
+    epoch_lines = [line for line in out.splitlines() if re.match(r"Epoch \d+/30 · ", line)]
     assert len(epoch_lines) == len(test_accuracy)
+    assert all(len(line) < 100 for line in epoch_lines), epoch_lines
+    assert all(
+        re.match(r"Epoch \d+/30 · \d\.\d\d s · train_acc 0\.\d{4} · ", line) for line in epoch_lines
+    )
+    seconds = [float(line.split(" · ")[1].split()[0]) for line in epoch_lines]
+    finished = next(line for line in out.splitlines() if line.startswith("Training finished"))
+    assert sum(seconds) <= float(re.search(r"\((\d+\.\d+) s\)", finished).group(1)) + 0.01
     assert out.splitlines()[0].startswith("Training starts: ")
-    assert "Traceback" not in err
+    assert "Traceback" not in err and "Subgraph backend" not in err + out  # examples keep quiet
     stop = [row["training_finish_requested"] for row in rows if "training_finish_requested" in row]
     assert stop and ("EarlyStopping" in stop[0] or "FinishAfter" in stop[0])
     folders = sorted(
@@ -330,7 +341,7 @@ def test_fit_saves_what_do_checkpoint_saves_and_learns(fit_straight):
     assert rows[-1]["valid_accuracy"] >= 0.9
     assert f"valid accuracy {rows[-1]['valid_accuracy']:.4f} after 3 epochs" in out
     # --disp-batches 10: a line every 10 batches (20 batches per epoch).
-    assert re.search(r"^Batch 10 \(epoch 1, ", out, re.M) and "Batch 30 (epoch 2, " in out
+    assert re.search(r"^Batch 10/20 · epoch 1/3 · ", out, re.M) and "Batch 10/20 · epoch 2/3" in out
     # The rate steps down by --lr-factor after epoch 2, as fit.py's MultiFactorScheduler
     # does: set before batch 1 (row 0), then before batch 41 (row 40).
     rates = {row["iteration"]: row["learning_rate"] for row in rows if "learning_rate" in row}
@@ -481,7 +492,7 @@ def test_distributed_digits_under_the_launcher(tmp_path):
     # Printing ran on rank 0 only (the scheduler gives ranks: not the launch order).
     lines = process.stdout.splitlines()
     rank_zero = next(line.split("] ")[0] for line in lines if "worker 0 of 2" in line)
-    printed = {line.split("] ")[0] for line in lines if re.search(r"\] Epoch \d+ \(", line)}
+    printed = {line.split("] ")[0] for line in lines if re.search(r"\] Epoch \d+/2 · ", line)}
     assert printed == {rank_zero}
 
 
@@ -559,6 +570,33 @@ def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
     assert best.best.value == max(accuracies)
     assert best.best.iteration == loop.log.last_iteration("valid_accuracy_new_best")
     assert keeper.best_params[0].keys() == loop.get_params()[0].keys()
+
+
+def test_the_quick_start_runs_twice_as_a_script_and_keeps_mxnet_quiet(tmp_path):
+    """As a newcomer pastes it into a file and runs it, twice, without MXNET_SUBGRAPH_VERBOSE."""
+    (block,) = readme_python("Quick start")
+    script = tmp_path / "quick_start.py"
+    script.write_text(block)
+    for run in (1, 2):
+        done = subprocess.run(
+            [sys.executable, str(script)],
+            cwd=tmp_path,
+            env=example_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "Subgraph backend" not in done.stdout + done.stderr
+        lines = done.stdout.splitlines()
+        epochs = [line for line in lines if line.startswith("Epoch ")]
+        shape = r"Epoch \d+/20 · \d\.\d\d s · train_acc "
+        assert epochs and all(re.match(shape, line) for line in epochs)
+        assert all(len(line) < 100 for line in epochs)
+        assert re.match(r"Training finished after \d+ epochs? .*\(\d+\.\d+ s\)", lines[-2])
+        saved = [path for path in (tmp_path / "checkpoints").iterdir() if path.is_dir()]
+        # Each run's checkpoints: the second run's beside the first's.
+        assert len({path.name.split("-")[1] for path in saved}) == len(saved) >= run * 2
 
 
 def check_readme_fine_tuning(namespace, quick_start_predictions, capsys):
@@ -644,7 +682,7 @@ def test_readme_distributed_example_runs_under_the_launcher(tmp_path):
     (block,) = readme_python("Distributed training")
     script = tmp_path / "train.py"
     script.write_text(block)
-    env = dict(example_env(), MXNET_CPU_WORKER_NTHREADS="1")
+    env = dict(example_env(), MXNET_CPU_WORKER_NTHREADS="1", MXNET_SUBGRAPH_VERBOSE="0")
     done = subprocess.run(
         [
             sys.executable,
