@@ -212,7 +212,7 @@ class Printing(Extension):
             reader.name
             for extension in self.main_loop.extensions
             for value in vars(extension).values()
-            for reader in (value if isinstance(value, list) else [value])
+            for reader in (value[:64] if isinstance(value, list) else [value])  # NaNGuard's
             if isinstance(reader, RecordReader)
         }
         length, kept = head + len(SEPARATOR) + 10, set()
