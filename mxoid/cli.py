@@ -329,7 +329,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "launch",
         add_help=False,
-        help="run a distributed job on this machine (see: mxoid launch --help)",
+        help="run a distributed job: here, on SSH hosts or under SLURM (mxoid launch --help)",
     )
     return parser
 

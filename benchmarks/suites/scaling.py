@@ -117,9 +117,9 @@ def project(args):
     Per step each worker pushes and pulls every array once. The busiest host's link
     carries its worker's traffic, M (1 - 1/H) each way, and its server's, (H - 1) times
     that server's share s of one worker's push: wire = (M (1 - 1/H) + (H - 1) s) / link.
-    The busiest server's software: parts x W x per-message cost + W s / ps-lite's
-    throughput (both measured on loopback). The step's communication is at least the
-    larger of the two.
+    The busiest server's software: its array parts x the time per part (the update, the
+    round trips) + W s / ps-lite's throughput (both measured on loopback, this machine).
+    The step's communication is at least the larger of the two.
     """
     lines = [
         "| model | MB | bound | hosts | busiest server share | wire 10G ms | wire 25G ms "
@@ -137,8 +137,7 @@ def project(args):
                 volume = model * (1 - 1 / hosts) + (hosts - 1) * share
                 wire = [1e3 * volume / (gbits * 1e9 / 8) for gbits in (10, 25)]
                 software = 1e3 * (
-                    max(parts) * hosts * 2 * args.message_seconds
-                    + hosts * share / args.bytes_per_second
+                    max(parts) * args.key_seconds + hosts * share / args.bytes_per_second
                 )
                 lines.append(
                     f"| {name} | {model / 1e6:.1f} | {bound:g} | {hosts} "
@@ -259,16 +258,16 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--bound", type=float, default=1e5, help="the bound to project beside 1e6")
     parser.add_argument(
-        "--message-seconds",
+        "--key-seconds",
         type=float,
-        default=0.35e-3,
-        help="a server's cost per message (default: measured here, 'messages' 1w1s)",
+        default=0.7e-3,
+        help="a server's time per array part per step (default: 'messages' 1w1s, measured here)",
     )
     parser.add_argument(
         "--bytes-per-second",
         type=float,
         default=0.29e9,
-        help="a server's bytes per second pushed and pulled back (default: measured here, mlp 1w1s)",
+        help="a server's bytes pushed (and pulled back) per second (default: mlp 1w1s, here)",
     )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)

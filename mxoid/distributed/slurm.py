@@ -19,7 +19,11 @@ without talking to the others, becomes:
 
 The task then *is* its process (``exec``): ``srun`` watches it, and
 ``--kill-on-bad-exit=1`` ends every task when one fails. A wrong task count
-is an error on every task.
+is an error on every task. The scheduler and the servers ignore SIGINT and
+SIGTERM: SLURM signals every task of the step at its time limit or at
+``scancel``, and the workers need them to agree on a stop and save a
+checkpoint; they end by themselves once the workers have, or by SIGKILL
+(after SLURM's ``KillWait``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import ipaddress
 import itertools
 import os
 import re
+import signal
 import socket
 import sys
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
@@ -166,7 +171,7 @@ def slurm_task(
     if rank == 0 and node != nodes[0]:
         raise SlurmError(
             f"task 0 runs on {node}, but the scheduler's address is the first node of the "
-            f"step, {nodes[0]}: start the step with srun --distribution=block"
+            f"step, {nodes[0]}: start the step with srun --distribution=block (or cyclic)"
         )
     root = _address(nodes[0])
     variables = {
@@ -204,6 +209,9 @@ def run_slurm_task(command: Sequence[str], num_workers: Optional[int], num_serve
         argv = list(command)
     if role != "server":
         env["DMLC_ROLE"] = role
+    if role != "worker":  # ignored signals stay ignored across exec
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print(
         f"mxoid launch --slurm: task {env['SLURM_PROCID']} on "
         f"{env.get('SLURMD_NODENAME', socket.gethostname())} is {role} {index}; scheduler at "

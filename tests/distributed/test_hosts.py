@@ -68,7 +68,19 @@ def assert_same_job(found, expected):
         assert params.keys() == expected[rank][0].keys()
         for name in params:
             assert np.array_equal(params[name], expected[rank][0][name]), (rank, name)
-        assert report["records"] == expected[rank][1]["records"]
+        # The evaluation's records to 1e-7: the fused metric operator and MXNet's own
+        # (mxoid.metrics.native, chosen per process as the library is at hand) differ in
+        # the 8th digit of the cross-entropy; the parameters are bit for bit.
+        records = expected[rank][1]["records"]
+        assert report["records"].keys() == records.keys()
+        for iteration, row in report["records"].items():
+            assert row.keys() == records[iteration].keys()
+            for name, value in row.items():
+                wanted = records[iteration][name]
+                if isinstance(value, str):
+                    assert value == wanted, (iteration, name)
+                else:
+                    assert value == pytest.approx(wanted, rel=1e-7), (iteration, name)
         assert report["holds_servers"]
 
 
@@ -228,7 +240,7 @@ def test_a_job_over_two_ssh_hosts_equals_the_same_job_on_one_host(
     )
     assert where == [("127.0.0.2", "127.0.0.2"), ("127.0.0.3", "127.0.0.3")], found
     assert "[worker 1 on 127.0.0.3] rank " in job.stdout
-    assert "[scheduler on 127.0.0.2]" not in job.stdout  # the agent's own lines are hidden
+    assert "mxoid-agent" not in job.stdout + job.stderr  # the agents' lines for the launcher
 
 
 def test_an_unreachable_host_fails_before_anything_starts_naming_it(tmp_path, job_env, hosts):

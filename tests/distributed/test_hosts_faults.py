@@ -68,10 +68,8 @@ def parent(pid):
         return int(stat.read().rsplit(")", 1)[1].split()[1])
 
 
-@pytest.mark.parametrize("victim", ["worker", "sshd session"])
-def test_a_killed_remote_worker_or_ssh_session_ends_the_job_everywhere(
-    tmp_path, job_env, hosts, victim
-):
+def start_launcher(hosts, tmp_path, *options):
+    """``mxoid launch`` over the stand-in hosts, once worker 1 trained 5 batches."""
     command = [sys.executable, "-m", "mxoid.distributed.launch", "-n", "2", "--timeout", "120"]
     command += ["--grace", str(GRACE), "-H", str(hosts.host_file)]
     command += ["--ssh-command", hosts.ssh_command]
@@ -79,15 +77,25 @@ def test_a_killed_remote_worker_or_ssh_session_ends_the_job_everywhere(
         command += ["--env", name]
     command += ["--", *WORKER, "--out", str(tmp_path), "--epochs", "50", "--delay", "0.05"]
     launcher = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+        [*command, *options], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
     )
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        line = launcher.stdout.readline()
+        if line.startswith("[worker 1 on 127.0.0.3] BATCH 5") or not line:
+            break
+    if not line:
+        launcher.kill()
+        raise AssertionError(launcher.communicate()[1])
+    return launcher
+
+
+@pytest.mark.parametrize("victim", ["worker", "sshd session"])
+def test_a_killed_remote_worker_or_ssh_session_ends_the_job_everywhere(
+    tmp_path, job_env, hosts, victim
+):
+    launcher = start_launcher(hosts, tmp_path)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            line = launcher.stdout.readline()
-            if line.startswith("[worker 1 on 127.0.0.3] BATCH 5") or not line:
-                break
-        assert line, launcher.stderr.read()
         worker, agent = remote_worker(job_env, "127.0.0.3")
         assert worker and agent, marked_processes(job_env)
         target = worker if victim == "worker" else parent(agent)
@@ -114,3 +122,23 @@ def test_a_killed_remote_worker_or_ssh_session_ends_the_job_everywhere(
         assert launcher.returncode == 128 + signal.SIGKILL
     else:
         assert "worker 1 on 127.0.0.3" in reason, err
+
+
+def test_sigterm_to_the_launcher_stops_every_remote_worker_cleanly(tmp_path, job_env, hosts):
+    checkpoints = tmp_path / "checkpoints"
+    launcher = start_launcher(hosts, tmp_path, "--checkpoint", str(checkpoints))
+    try:
+        launcher.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        out, err = launcher.communicate(timeout=60)
+        seconds = time.monotonic() - sent
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 128 + signal.SIGTERM, err
+    assert seconds < 30, err
+    assert "passing it on to the workers" in err
+    for host in ("127.0.0.2", "127.0.0.3"):
+        assert f"on {host}] Training interrupted by SIGTERM after" in err, err
+    assert [path for path in checkpoints.iterdir() if not path.name.startswith(".")], err
+    assert not marked_processes(job_env)
