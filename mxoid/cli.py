@@ -6,6 +6,7 @@
     mxoid show runs/digits/log.jsonl --records 'valid_*' test_accuracy
     mxoid plot runs/digits/log.jsonl -o curves.png            # learning curves
     mxoid launch -n 2 -- python train.py                      # see mxoid.distributed.launch
+    mxoid native                                              # build the fused metric operator
 
 ``python -m mxoid`` is the same command. Logs are files written by
 :class:`~mxoid.extensions.JSONLinesLog` or :class:`~mxoid.extensions.CSVLog`,
@@ -267,6 +268,18 @@ def plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def native(args: argparse.Namespace) -> int:
+    """Build mxoid's fused metric operator now (once per machine) and load it."""
+    from .metrics import native as operator
+
+    if not operator.build():
+        raise InputError(
+            f"the fused metric operator is unavailable: {operator.unavailable_reason()}"
+        )
+    print(f"mxoid's fused metric operator is built and loads: {operator.library_path()}")
+    return 0
+
+
 # -------------------------------------------------------------------- main
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -325,6 +338,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     plot_parser.add_argument("--dpi", type=int, default=100, help="resolution (default: 100)")
     plot_parser.set_defaults(handler=plot)
+
+    native_parser = commands.add_parser(
+        "native",
+        help="build mxoid's fused metric operator now, instead of in the first loop's background",
+        description="Compile mxoid's fused metric operator with the machine's C++ compiler "
+        "(CXX, default c++), once per machine and MXNet, into ~/.cache/mxoid "
+        "(MXOID_CACHE_DIR), and load it. Without it, the first loop on a machine builds it "
+        "in the background and computes its metrics with MXNet's operators until then.",
+    )
+    native_parser.set_defaults(handler=native)
 
     commands.add_parser(
         "launch",

@@ -9,8 +9,6 @@ the operator cannot be built, loaded or applied.
 import json
 import os
 import shutil
-import subprocess
-import sys
 import textwrap
 
 import mxnet as mx
@@ -223,128 +221,6 @@ def test_on_two_cpus_the_head_takes_mxnets_operators(monkeypatch, copies):
     assert "mxoid_metric" not in two
     assert ("mxoid_metric_sums" in one) == (copies is None)
     assert native.available()
-
-
-PROBE = textwrap.dedent(
-    """
-    import json, os
-    from mxoid.metrics import native
-    ok = native.available()
-    path = native.library_path()
-    print(json.dumps({"ok": ok, "reason": native.unavailable_reason(),
-                      "path": path, "exists": bool(path and os.path.exists(path))}))
-    """
-)
-
-
-def _start_probe(**env):
-    """Start a fresh Python that asks for the operator (see :func:`_probe_result`)."""
-    environment = {**os.environ, "OMP_NUM_THREADS": "1", **env}
-    return subprocess.Popen(
-        [sys.executable, "-c", PROBE],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=environment,
-    )
-
-
-def _probe_result(process):
-    stdout, stderr = process.communicate(timeout=600)
-    assert process.returncode == 0, stderr[-3000:]
-    return json.loads(stdout.strip().splitlines()[-1])
-
-
-def _probe(**env):
-    """Run a fresh Python that asks for the operator; return what it reports."""
-    return _probe_result(_start_probe(**env))
-
-
-@needs_compiler
-def test_processes_that_build_at_the_same_time_each_load_a_whole_library(tmp_path):
-    """Each builds under a name of its own and renames it into place: none loads a
-    half-written file, and the cache ends with one library and no partial files."""
-    cache = tmp_path / "cache"
-    probes = [_start_probe(MXOID_CACHE_DIR=str(cache)) for _ in range(3)]
-    results = [_probe_result(p) for p in probes]
-    assert all(r["ok"] for r in results), results
-    assert len({r["path"] for r in results}) == 1
-    assert [p.name for p in cache.iterdir()] == [os.path.basename(results[0]["path"])]
-
-
-@needs_compiler
-def test_the_library_is_built_once_into_the_cache_and_loaded_from_there(tmp_path):
-    """Built into ~/.cache/mxoid; $XDG_CACHE_HOME/mxoid and MXOID_CACHE_DIR name the same
-    place here, where the library built before is loaded, with no compiler to build it."""
-    home = tmp_path / "home"
-    clean = {"HOME": str(home), "XDG_CACHE_HOME": "", "MXOID_CACHE_DIR": ""}
-    built = _probe(**clean)
-    cache = home / ".cache" / "mxoid"
-    assert built["ok"] and built["exists"] and built["path"].startswith(str(cache) + os.sep)
-    assert [p.name for p in cache.iterdir()] == [os.path.basename(built["path"])]  # no leftovers
-    for where in ({"XDG_CACHE_HOME": str(home / ".cache")}, {"MXOID_CACHE_DIR": str(cache)}):
-        again = _probe(**{**clean, "HOME": str(tmp_path / "elsewhere"), **where})
-        assert again["ok"] and again["path"] == built["path"]
-    no_compiler = _probe(**clean, CXX="/bin/false")
-    assert no_compiler["ok"] and no_compiler["path"] == built["path"]
-    # A build killed long ago left its partial file: the next build removes it.
-    abandoned = cache / ".building-killed.so"
-    abandoned.write_bytes(b"half")
-    os.utime(abandoned, (0, 0))
-    with open(built["path"], "r+b") as f:  # a damaged library: reported, and not used
-        f.truncate(100)
-    damaged = _probe(**clean, CXX="/bin/false")
-    assert not damaged["ok"] and "could not load" in damaged["reason"]
-    assert "delete it to build it again" in damaged["reason"]
-    os.unlink(built["path"])
-    rebuilt = _probe(**clean)
-    assert rebuilt["ok"] and rebuilt["path"] == built["path"] and not abandoned.exists()
-
-
-def test_without_the_operator_the_reason_is_given_and_nothing_is_built(tmp_path):
-    off = _probe(MXOID_NATIVE="0", MXOID_CACHE_DIR=str(tmp_path / "off"))
-    assert not off["ok"] and off["reason"] == "MXOID_NATIVE=0" and not (tmp_path / "off").exists()
-    broken = _probe(MXOID_CACHE_DIR=str(tmp_path / "broken"), CXX="/bin/false")
-    assert not broken["ok"] and "/bin/false failed (status 1)" in broken["reason"]
-    assert list((tmp_path / "broken").iterdir()) == []  # the partial file is removed
-    missing = _probe(MXOID_CACHE_DIR=str(tmp_path / "m"), CXX=str(tmp_path / "no-cc"))
-    assert not missing["ok"] and "failed to run" in missing["reason"]
-    (tmp_path / "file").write_text("")
-    unwritable = _probe(MXOID_CACHE_DIR=str(tmp_path / "file" / "cache"))
-    assert not unwritable["ok"] and "cannot write to the cache directory" in unwritable["reason"]
-
-
-def test_a_monitored_run_without_the_operator_trains_and_records(tmp_path):
-    """With a compiler that fails, TrainingMonitoring computes its values with MXNet's
-    operators: the run trains and writes its records."""
-    script = textwrap.dedent(
-        """
-        import mxnet as mx, numpy as np
-        from mxoid import MainLoop, FinishAfter, TrainingMonitoring
-        from mxoid.metrics import native
-        X = np.random.RandomState(0).rand(40, 5).astype("float32")
-        y = (X[:, 0] > 0.5).astype("float32")
-        net = mx.sym.SoftmaxOutput(mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=2),
-                                   name="softmax")
-        it = mx.io.NDArrayIter(X, y, batch_size=10, label_name="softmax_label")
-        loop = MainLoop(net, it, extensions=[TrainingMonitoring(["acc", "ce"]),
-                                             FinishAfter(after_n_epochs=1)])
-        loop.run()
-        assert "mxoid_metric_rows" not in loop.manager.training_set.bound_symbol.tojson()
-        print(native.unavailable_reason())
-        print(loop.log.last("train_accuracy"), loop.log.last("train_cross_entropy"))
-        """
-    )
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CXX": "/bin/false"}
-    env["MXOID_CACHE_DIR"] = str(tmp_path)
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    reason, values = done.stdout.strip().splitlines()[-2:]
-    assert "failed (status 1)" in reason
-    accuracy, cross_entropy = map(float, values.split())
-    assert 0 <= accuracy <= 1 and cross_entropy > 0
 
 
 @needs_compiler
