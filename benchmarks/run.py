@@ -10,6 +10,7 @@ Suites (``benchmarks/suites/``; ``python benchmarks/run.py SUITE --help``):
   prefetch  training on a slow iterator, with and without Prefetch
   evaluate  Evaluate against Module.score
   sweep     host time per step against the number of parameter arrays
+  startup   a short run from scratch in fresh processes: MainLoop against Module
 
 Every suite has ``--quick``, ``--check`` (correctness only, tiny; exit status 1 when a
 check fails, speed never changes it) and ``--json PATH`` (default ``results/SUITE.json``).
@@ -21,7 +22,7 @@ import sys
 
 from harness import env
 
-SUITES = ("loop", "micro", "updaters", "head", "prefetch", "evaluate", "sweep")
+SUITES = ("loop", "micro", "updaters", "head", "prefetch", "evaluate", "sweep", "startup")
 
 
 def main(argv=None) -> int:

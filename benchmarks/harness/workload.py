@@ -41,6 +41,35 @@ def build_symbol(model: str) -> mx.sym.Symbol:
     return mx.sym.SoftmaxOutput(net, name="softmax")
 
 
+def cifar_resnet(blocks: int) -> mx.sym.Symbol:
+    """The CIFAR ResNet of He et al. (2016) with ``blocks`` blocks a stage (3: ResNet-20,
+    9: ResNet-56): convolutions without bias, each followed by
+    BatchNorm (trainable gamma); the first block of stages 2 and 3 halves the resolution
+    and takes a 1x1 convolution (and BatchNorm) as its shortcut."""
+
+    def conv_bn(x, channels, kernel, stride, name):
+        pad = (kernel // 2, kernel // 2)
+        shape = dict(kernel=(kernel, kernel), pad=pad, stride=(stride, stride))
+        x = mx.sym.Convolution(x, num_filter=channels, no_bias=True, name=f"{name}_conv", **shape)
+        return mx.sym.BatchNorm(x, fix_gamma=False, momentum=0.9, name=f"{name}_bn")
+
+    def relu(x):
+        return mx.sym.Activation(x, act_type="relu")
+
+    net = relu(conv_bn(mx.sym.Variable("data"), 16, 3, 1, "stem"))
+    for stage, channels in enumerate((16, 32, 64)):
+        for block in range(blocks):
+            name, stride = f"s{stage}b{block}", 2 if stage > 0 and block == 0 else 1
+            body = conv_bn(
+                relu(conv_bn(net, channels, 3, stride, f"{name}a")), channels, 3, 1, f"{name}b"
+            )
+            shortcut = conv_bn(net, channels, 1, stride, f"{name}s") if stride == 2 else net
+            net = relu(body + shortcut)
+    net = mx.sym.Pooling(net, global_pool=True, pool_type="avg", kernel=(1, 1))
+    net = mx.sym.FullyConnected(mx.sym.flatten(net), num_hidden=10, name="fc")
+    return mx.sym.SoftmaxOutput(net, name="softmax")
+
+
 def sample_shape(model: str) -> tuple:
     return (784,) if model == "mlp" else (1, 28, 28)
 

@@ -4,8 +4,8 @@ Public names (``mxoid.MainLoop``, ``mxoid.extensions``, ...) are imported where 
 these are private to mxoid and move with its layout: change them here.
 """
 
+from mxoid.executor_manager.private_heads import COUNTING_SUFFIX
 from mxoid.extensions.dispatch import HookDispatcher
 from mxoid.update.fused_updater import FusedUpdater, fused_kernel
-from mxoid.executor_manager.private_heads import COUNTING_SUFFIX
 
 __all__ = ["COUNTING_SUFFIX", "FusedUpdater", "HookDispatcher", "fused_kernel"]

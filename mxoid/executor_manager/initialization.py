@@ -82,8 +82,11 @@ def initial_params(
         result = {}
         for name in sorted(shapes):
             template = shapes[name]
-            if name in given:
-                result[name] = mx.nd.array(given[name], ctx=mx.cpu(), dtype=template.dtype)
+            value = given.get(name)
+            if isinstance(value, mx.nd.NDArray) and value.dtype == template.dtype:
+                result[name] = value.copyto(mx.cpu())  # one operator; mx.nd.array takes three
+            elif name in given:
+                result[name] = mx.nd.array(value, ctx=mx.cpu(), dtype=template.dtype)
             else:
                 array = mx.nd.zeros(template.shape, ctx=mx.cpu(), dtype=template.dtype)
                 initializer(mx.init.InitDesc(name, attrs.get(name, None)), array)

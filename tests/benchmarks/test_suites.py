@@ -257,3 +257,20 @@ def test_the_latest_full_run_renders_as_markdown():
     assert done.returncode == 0, done.stderr[-3000:]
     assert "| MLP b32 1 ctx" in done.stdout and "mxoid everyday extensions" in done.stdout
     assert "| target " in done.stdout
+
+
+def test_startup_check_every_contender_from_scratch_trains_as_module_fit(tmp_path):
+    """Fresh processes: MainLoop (everyday extensions, bare, and on a machine whose cache
+    lacks the fused operator) ends its first epoch with Module.fit's parameters; the
+    first run announced the operator's build; both targets are computed in the cell."""
+    data, stdout = check("startup", tmp_path)
+    (row,) = data["results"]
+    for name in ("module", "mxoid", "mxoid bare", "mxoid, first run"):
+        assert row[name]["construct"] > 0 and row[name]["first_epoch"] > 0
+        assert row[name]["import_mxnet"] > row[name]["construct"]
+    assert row["mxoid, first run"]["announced_build"] == [True]
+    assert [t["target"] for t in data["targets"]] == [
+        "MainLoop(...), mlp 1 ctx: <= Module's",
+        "MainLoop(...) + one epoch, everyday extensions, mlp 1 ctx: <= Module's",
+    ]
+    assert "| mlp   |   1 | mxoid, first run |" in stdout
