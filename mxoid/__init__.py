@@ -133,6 +133,11 @@ from . import compat as _compat  # noqa: E402
 
 _compat.install_import_hook()
 
+# In a launched worker, an error anywhere in the script (even before MainLoop) ends the
+# worker instead of leaving it in ps-lite's finalize barrier (mxoid.distributed.exits).
+if __import__("os").environ.get("DMLC_ROLE") == "worker":
+    from . import distributed as _distributed  # noqa: E402, F401
+
 
 # The public names for type checkers and editors; at run time, __getattr__ imports them on
 # first use (they are in __all__, which ruff cannot read, hence the noqa).
