@@ -7,17 +7,30 @@ reseeds it instead (see :class:`~mxoid.extensions.Checkpoint`).
 from __future__ import annotations
 
 import random
+import threading
 from typing import Any, Dict, Optional
 
 import numpy as np
 
-__all__ = ["check_random_states", "get_random_states", "seed_everything", "set_random_states"]
+__all__ = [
+    "RANDOM_STATE_LOCK",
+    "check_random_states",
+    "get_random_states",
+    "seed_everything",
+    "set_random_states",
+]
+
+RANDOM_STATE_LOCK = threading.RLock()
+"""Held while the global states are read, set or swapped: a DataLoader's sample loaded on
+another thread (``Prefetch``, a thread pool) with a seed of its own gives them back before a
+checkpoint reads them (:mod:`mxoid.data.sampling`)."""
 
 
 def get_random_states() -> Dict[str, Any]:
     """Return NumPy's and Python's global random states as plain (JSON-ready) data."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
+    with RANDOM_STATE_LOCK:
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        version, internal, gauss_next = random.getstate()
     return {
         "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
         "python": [version, list(internal), gauss_next],
@@ -27,9 +40,10 @@ def get_random_states() -> Dict[str, Any]:
 def set_random_states(state: Dict[str, Any]) -> None:
     """Restore the states returned by :func:`get_random_states`."""
     name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
+    with RANDOM_STATE_LOCK:
+        np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+        random.setstate((version, tuple(internal), gauss_next))
 
 
 def check_random_states(state: Any) -> Optional[str]:
@@ -67,6 +81,7 @@ def seed_everything(seed: int) -> None:
 
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-    np.random.seed(seed)
-    random.seed(seed)
-    mx.random.seed(seed)
+    with RANDOM_STATE_LOCK:
+        np.random.seed(seed)
+        random.seed(seed)
+        mx.random.seed(seed)
