@@ -3,6 +3,7 @@ token, exact resumption mid-epoch, checkpoints BucketingModule.load reads, and b
 
 import logging
 import os
+import warnings
 
 import mxnet as mx
 import numpy as np
@@ -292,3 +293,18 @@ def test_the_lstm_bucketing_example_beats_the_unigram_baseline(monkeypatch, caps
     )
     assert result["test_perplexity"] < 0.75 * result["unigram_perplexity"]
     assert "the unigram baseline" in capsys.readouterr().out
+
+
+def test_sentences_an_epoch_leaves_out_are_warned_of():
+    """BucketSentenceIter drops each bucket's last partial batch without a word: the loop
+    says how many sentences an epoch trains on, of how many, and what to change."""
+    train = bucket_iter(n=120, batch_size=8)
+    used = len(train.idx) * train.batch_size
+    held = sum(len(bucket) for bucket in train.data)
+    assert used < held  # the case warned of
+    with pytest.warns(UserWarning, match=f"trains on {used} of its {held} sentences an epoch"):
+        MainLoop(sym_gen_of(), train, extensions=[FinishAfter(after_n_epochs=1)])
+    whole = bucket_iter(n=120, batch_size=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MainLoop(sym_gen_of(), whole, extensions=[FinishAfter(after_n_epochs=1)])
