@@ -22,6 +22,7 @@ _EXPORTS = {
     "CheckpointError": "checkpoint",
     "CSVLog": "extensions",
     "DataCheck": "extensions",
+    "DataLoaderIter": "data",
     "DataParallelExecutorManager": "executor_manager",
     "EarlyStopping": "extensions",
     "Evaluate": "extensions",
@@ -145,7 +146,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .checkpoint import CheckpointError  # noqa: F401
     from .checkpoint.loading import load_params  # noqa: F401
     from .checkpoint.random_state import seed_everything  # noqa: F401
-    from .data import Prefetch  # noqa: F401
+    from .data import DataLoaderIter, Prefetch  # noqa: F401
     from .distributed import allreduce_sums, shard  # noqa: F401
     from .executor_manager import DataParallelExecutorManager  # noqa: F401
     from .extensions import (  # noqa: F401

@@ -19,6 +19,7 @@ FOLDERS = {
     "distributed",
     "executor_manager",
     "extensions",
+    "gluon",
     "log",
     "main_loop",
     "metrics",

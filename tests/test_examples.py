@@ -40,6 +40,7 @@ SCRIPTS = (
     "distributed.py",
     "fit.py",
     "own_loop.py",
+    "train_gluon.py",
 )
 
 
@@ -144,6 +145,28 @@ def test_digits_two_contexts_mlp_and_resume(tmp_path):
     assert [epoch for run, epoch in evaluated if run == 1] == [1, 2]
     assert [epoch for run, epoch in evaluated if run == 2 and epoch != 2] == [3]
     assert rows[-1]["test_accuracy"] > 0.5
+
+
+# ------------------------------------------------------------------- gluon
+def test_gluon_example_trains_the_block_which_then_predicts_and_resumes(tmp_path):
+    """A HybridSequential with BatchNorm and Dropout from a DataLoader with a random
+    transform, read by two worker processes: the block, trained, predicts the test
+    split as Evaluate measured it; a resumed run (the same loader rebuilt) continues;
+    the checkpoints hold the files Gluon loads."""
+    output = tmp_path / "run"
+    common = ("--workers", 2, "--output-dir", output)
+    out, err = run("train_gluon.py", "--epochs", 4, *common, cwd=tmp_path, timeout=300)
+    found = re.search(r"test accuracy (\d\.\d+) \(Evaluate\), (\d\.\d+) \(net\(x\)", out)
+    assert found and found.group(1) == found.group(2) and float(found.group(1)) >= 0.85, out
+    assert "Traceback" not in err and "Subgraph backend" not in err + out
+    newest = sorted((output / "checkpoints").glob("checkpoint-*"))[-1]
+    assert {"net.params", "net-symbol.json", "model-0004.params"} <= {
+        p.name for p in newest.iterdir()
+    }
+    run("train_gluon.py", "--epochs", 5, "--resume", *common, cwd=tmp_path, timeout=300)
+    rows = read_log(output / "log.jsonl", all_runs=True)
+    evaluated = [(row["run"], row["epochs_done"]) for row in rows if "valid_accuracy" in row]
+    assert [epoch for run, epoch in evaluated if run == 2 and epoch != 4] == [5]
 
 
 def test_digits_needs_the_examples_extra(tmp_path, monkeypatch):

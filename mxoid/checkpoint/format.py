@@ -42,7 +42,7 @@ import re
 import shutil
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import mxnet as mx
 import numpy as np
@@ -155,11 +155,14 @@ def write_checkpoint(
     run_id: Optional[str] = None,
     sequence: Optional[int] = None,
     gradients: Optional[Dict[str, mx.nd.NDArray]] = None,
+    extra_files: Optional[Dict[str, Callable[[str], Any]]] = None,
 ) -> str:
     """Write a checkpoint folder at ``path`` atomically (replacing one already there).
 
     ``gradients``, when given, go into ``gradients.params`` (the sums of a group of
     accumulated batches, which resumption needs in the middle of a group).
+    ``extra_files``: file name -> a function writing it at the path it is given (a
+    Gluon block's ``net.params``), listed in the manifest and verified as the others.
 
     Returns
     -------
@@ -190,6 +193,7 @@ def write_checkpoint(
             gradients,
             int(loop_state["status"]["epochs_done"]),
             loop_state.get("default_bucket_key"),
+            extra_files or {},
             {
                 "run_id": run_id,
                 "sequence": sequence,
@@ -222,6 +226,7 @@ def _write_files(
     gradients: Optional[Dict[str, mx.nd.NDArray]],
     epoch: int,
     bucket_key: Any,
+    extra_files: Dict[str, Callable[[str], Any]],
     about: Dict[str, Any],
 ) -> None:
     mx.model.save_checkpoint(os.path.join(folder, PREFIX), epoch, symbol, arg_params, aux_params)
@@ -233,6 +238,8 @@ def _write_files(
         symbol.save(os.path.join(folder, f"{PREFIX}-{bucket_key}-symbol.json"))
     if gradients:
         mx.nd.save(os.path.join(folder, GRADIENTS), gradients)
+    for name, write in extra_files.items():
+        write(os.path.join(folder, name))
     with open(os.path.join(folder, LOOP_STATE), "w") as handle:
         handle.write(loop_json)
     if optimizer_states is not None:

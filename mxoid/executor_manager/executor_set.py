@@ -18,7 +18,7 @@ from ..errors import clean_mxnet_message
 from .devices import forward_work_load, split_batch
 from .initialization import fixed_gammas
 from .invoke import PreparedCopy, backward_pass, forward_pass
-from .outputs import OutputArrays, output_short_name
+from .outputs import OutputArrays, metric_output_names, output_short_name
 from .private_heads import RUNNING_SUMS_PREFIX, PrivateHeads
 from .waiting import wait_for
 
@@ -70,8 +70,7 @@ class ExecutorSet:
 
     Parameters
     ----------
-    symbol, contexts
-        The network, and the devices.
+    symbol, contexts : the network, and the devices.
     data_descs, label_descs : sequence of DataDesc or (name, shape)
         The inputs; the first dimension is the batch size.
     work_load_list : sequence of float
@@ -136,6 +135,7 @@ class ExecutorSet:
         self.grad_req = grad_req
         self.for_training = for_training
         self.output_names = [output_short_name(n) for n in symbol.list_outputs()]
+        self.metric_outputs = metric_output_names(symbol)
         self.batch_size = self._check_batch_size()
         contexts, work_load_list = list(contexts), list(work_load_list)
         if not self.for_training:

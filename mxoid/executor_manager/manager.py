@@ -57,7 +57,7 @@ class DataParallelExecutorManager:
         The inputs, as ``DataIter.provide_data`` / ``provide_label`` give them.
         The first dimension is the batch size.
     work_load_list : sequence of float, optional
-        Relative share of each device. Even by default.
+        Relative share of each device (even by default).
     shared_manager : DataParallelExecutorManager, optional
         Share ``shared_manager``'s training arrays and memory, for forward
         passes only (what :meth:`executor_set` does within one manager). A
@@ -161,6 +161,7 @@ class DataParallelExecutorManager:
         self._sets: Dict[Hashable, ExecutorSet] = {}
         self._fixed_gammas = fixed_gammas(symbol) if self.for_training else []
         self._grads_by_device: Optional[List[List[mx.nd.NDArray]]] = None
+        self.evaluation_symbol: Optional[mx.sym.Symbol] = None  # forward-only sets' graph
 
     # ------------------------------------------------------------ executor sets
     def executor_set(
@@ -177,7 +178,9 @@ class DataParallelExecutorManager:
 
         It shares the training set's parameter, gradient and auxiliary arrays
         and its memory pool. ``symbol``: another graph of the same parameters
-        (a bucket's, from ``sym_gen``); the manager's symbol by default.
+        (a bucket's, from ``sym_gen``); by default the manager's symbol, or for
+        forward passes its ``evaluation_symbol`` where one is set (a Gluon block
+        traced in predict mode: a branch on ``autograd.is_training()``).
         ``for_training=True`` binds it for training too, with the gradients the
         training set has (a bucket's set: use it with :meth:`use`). A set for
         forward passes (``is_train=False``) only has gammas of its own where
@@ -189,6 +192,8 @@ class DataParallelExecutorManager:
         the cache; by default the inputs' names, shapes and types, and the heads.
         """
         data_descs, label_descs = as_descs(data_shapes), as_descs(label_shapes)
+        if symbol is None and not for_training:
+            symbol = self.evaluation_symbol
         if (
             symbol is None
             and not for_training
@@ -217,11 +222,7 @@ class DataParallelExecutorManager:
         return found
 
     def use(self, executors: ExecutorSet) -> None:
-        """Run the batch methods and attributes on ``executors`` from now on.
-
-        The training set, or a set of :meth:`executor_set` bound ``for_training``
-        (a bucket's).
-        """
+        """Run the batch methods on ``executors``: the training set, or a bucket's set."""
         if not executors.for_training:
             raise ValueError("the manager's current executors train: use a set bound for_training")
         self.current = executors
@@ -257,6 +258,7 @@ class DataParallelExecutorManager:
     label_names = _of_current("label_names", "The names of the label inputs.")
     arg_names = _of_current("arg_names", "The symbol's arguments: inputs and parameters.")
     output_names = _of_current("output_names", "The outputs, without MXNet's ``_output``.")
+    metric_outputs = _of_current("metric_outputs", "The outputs metrics bind to by default.")
     batch_size = _of_current("batch_size", "Rows of a batch of the current set.")
     work_load_list = _of_current("work_load_list", "Each device's share of a batch.")
     slices = _of_current("slices", "Each device's rows of a batch of the current set.")

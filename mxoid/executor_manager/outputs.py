@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import List
 
 import mxnet as mx
 
-__all__ = ["OutputArrays", "output_short_name"]
+__all__ = ["OutputArrays", "metric_output_names", "output_short_name"]
 
 _OUTPUT_SUFFIX = "_output"
 
@@ -17,6 +18,19 @@ def output_short_name(name: str) -> str:
     ``softmax_output`` -> ``softmax``.
     """
     return name[: -len(_OUTPUT_SUFFIX)] if name.endswith(_OUTPUT_SUFFIX) else name
+
+
+def metric_output_names(symbol: mx.sym.Symbol) -> List[str]:
+    """Return the outputs metrics bind to when none is named, without ``_output``.
+
+    Every output but the losses (``MakeLoss`` outputs: a Gluon network's ``loss``,
+    a loss added beside a prediction), unless every output is one.
+    """
+    graph = json.loads(symbol.tojson())
+    nodes = graph["nodes"]
+    names = [output_short_name(n) for n in symbol.list_outputs()]
+    kept = [n for n, (node, *_) in zip(names, graph["heads"]) if nodes[node]["op"] != "MakeLoss"]
+    return kept or names
 
 
 class OutputArrays(dict):

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 import mxnet as mx
+from mxnet.gluon.data import DataLoader
 
+from ..data.loader import as_data_iter
 from ..executor_manager.devices import forward_work_load, split_batch
 from ..executor_manager.pacing import Pacer
 from ..metrics import Accumulators, MetricAccumulator, label_for_output, per_row_head
@@ -49,10 +51,11 @@ class Evaluate(MetricsExtension):
 
     Parameters
     ----------
-    iterators : dict of str to mx.io.DataIter
+    iterators : dict of str to mx.io.DataIter or gluon.data.DataLoader
         Name (the record prefix) -> iterator. Labels are found by name: the
         label of output ``'softmax'`` is ``'softmax_label'`` (any one label
-        for a symbol with one output).
+        for a symbol with one output). A ``DataLoader`` is read through
+        :class:`mxoid.data.DataLoaderIter`, its arrays named as the training inputs.
     metrics : dict or metric or list of metrics
         Output name (``'softmax'`` or ``'softmax_output'``) -> metric or list
         of metrics; a metric or list alone when the symbol has one output.
@@ -63,6 +66,7 @@ class Evaluate(MetricsExtension):
     Attributes
     ----------
     iterators : dict of str to mx.io.DataIter
+        Once attached, DataLoaders read through :class:`mxoid.data.DataLoaderIter`.
     reduce : callable or None
         Hook for distributed training: when set, it maps the ``(sum, count)``
         rows of an iterator's metrics (a NumPy array, see
@@ -97,10 +101,10 @@ class Evaluate(MetricsExtension):
                     f"iterator names are the record prefixes, non-empty strings; got {name!r}"
                 )
             for attribute in ("provide_data", "provide_label", "reset"):
-                if not hasattr(iterator, attribute):
+                if not hasattr(iterator, attribute) and not isinstance(iterator, DataLoader):
                     raise TypeError(
-                        f"iterator {name!r} must be an mx.io.DataIter (it has no "
-                        f"{attribute}); got {type(iterator).__name__}"
+                        f"iterator {name!r} must be an mx.io.DataIter or a Gluon DataLoader "
+                        f"(it has no {attribute}); got {type(iterator).__name__}"
                     )
         if not any(kwargs.get(keyword) for keyword in FIRING_KEYWORDS):
             kwargs["every_n_epochs"] = 1
@@ -116,14 +120,18 @@ class Evaluate(MetricsExtension):
         return [record for records in self._records.values() for record in records]
 
     def _bind(self, loop: MainLoop) -> None:
+        names = (loop.manager.data_names, loop.manager.label_names)  # a DataLoader's, as training's
+        self.iterators = {k: as_data_iter(it, *names) for k, it in self.iterators.items()}
         self._bound = bound = self._metrics_on_outputs(loop)
-        single = len(loop.manager.output_names) == 1
+        single = len(loop.manager.metric_outputs) == 1
         self._accumulators, self._records, self._pacers = {}, {}, {}
         self._buckets: Dict[str, Accumulators] = {}
         for name, iterator in self.iterators.items():
             self._records[name] = _record_names(name, bound, single)
             data, labels = iterator.provide_data, iterator.provide_label
-            self._accumulators[name] = self._accumulator(loop, name, loop.symbol, data, labels)
+            symbol = loop.manager.evaluation_symbol  # a Gluon block's, in predict mode
+            symbol = loop.symbol if symbol is None else symbol
+            self._accumulators[name] = self._accumulator(loop, name, symbol, data, labels)
             self._buckets[name] = Accumulators(self._accumulators[name])
 
     def _accumulator(
@@ -142,7 +150,7 @@ class Evaluate(MetricsExtension):
         label_names = [desc[0] for desc in labels or []]
         try:
             for output, _ in bound:
-                label_for_output(output, manager.output_names, label_names)
+                label_for_output(output, manager.metric_outputs, label_names)
             shapes = {desc[0]: tuple(desc[1]) for desc in list(data) + list(labels or [])}
             batch_size = next(iter(shapes.values()))[0]
             work_load = forward_work_load(batch_size, manager.training_set.work_load_list)

@@ -51,16 +51,21 @@ def _parse_metrics(metrics: MetricsSpec) -> Tuple[bool, List[Tuple[Optional[str]
 
 
 def _bind_outputs(
-    keyed: bool, parsed: List[Tuple[Optional[str], List[Metric]]], output_names: Sequence[str]
+    keyed: bool,
+    parsed: List[Tuple[Optional[str], List[Metric]]],
+    output_names: Sequence[str],
+    metric_outputs: Sequence[str],
 ) -> List[Tuple[str, Metric]]:
     if not keyed:
-        if len(output_names) != 1:
+        if len(metric_outputs) != 1:
             raise ValueError(
                 NO_OUTPUT_NAMES.format(
-                    count=len(output_names), outputs=list(output_names), example=output_names[0]
+                    count=len(metric_outputs),
+                    outputs=list(metric_outputs),
+                    example=metric_outputs[0],
                 )
             )
-        return [(output_names[0], metric) for metric in parsed[0][1]]
+        return [(metric_outputs[0], metric) for metric in parsed[0][1]]
     bound = []
     for name, metrics in parsed:
         output = output_short_name(name)
@@ -117,4 +122,7 @@ class MetricsExtension(Extension):
         return []
 
     def _metrics_on_outputs(self, loop: MainLoop) -> List[Tuple[str, Metric]]:
-        return _bind_outputs(self._keyed, self._parsed, loop.manager.output_names)
+        manager = loop.manager
+        return _bind_outputs(
+            self._keyed, self._parsed, manager.output_names, manager.metric_outputs
+        )

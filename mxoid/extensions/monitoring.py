@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import mxnet as mx
 
-from ..executor_manager.outputs import output_short_name
+from ..executor_manager.outputs import metric_output_names, output_short_name
 from ..metrics import Accumulators, Metric, MetricAccumulator, per_row_head
 from ..metrics.head import dtypes_of
 from .base import HeadRequest
@@ -99,7 +99,7 @@ class TrainingMonitoring(MetricsExtension):
 
     def _bind(self, loop: MainLoop) -> None:
         self._bound = bound = self._metrics_on_outputs(loop)
-        self._records = _record_names(self.prefix, bound, len(loop.manager.output_names) == 1)
+        self._records = _record_names(self.prefix, bound, len(loop.manager.metric_outputs) == 1)
         self.accumulator = self._accumulator(loop, None)
         self._buckets = Accumulators(self.accumulator)
 
@@ -129,7 +129,9 @@ class TrainingMonitoring(MetricsExtension):
         symbol = request.symbol
         output_names = [output_short_name(n) for n in symbol.list_outputs()]
         try:
-            bound = _bind_outputs(self._keyed, self._parsed, output_names)
+            bound = _bind_outputs(
+                self._keyed, self._parsed, output_names, metric_output_names(symbol)
+            )
         except ValueError:
             return None
         descs = list(request.data_descs) + list(request.label_descs)

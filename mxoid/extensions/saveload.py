@@ -371,17 +371,15 @@ class Checkpoint(Extension):
         try:
             state = loop.state_dict()
             state["mxnet_seed"] = seed
-            arg_params, aux_params = loop.get_params()
+            arg, aux = loop.get_params()
             write_checkpoint(
                 path,
                 loop.symbol,
-                arg_params,
-                aux_params,
-                state,
-                loop.optimizer_states(),
+                *(arg, aux, state, loop.optimizer_states()),
                 run_id=loop.run_id,
                 sequence=sequence,
                 gradients=loop.pending_gradients(),
+                extra_files=loop.checkpoint_files(arg, aux),
             )
         except BaseException:
             if record:

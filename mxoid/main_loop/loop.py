@@ -15,10 +15,9 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 import mxnet as mx
-import numpy as np
 
 from ..checkpoint import CheckpointContents
 from ..data.position import DataPosition
@@ -28,16 +27,18 @@ from ..executor_manager import check_contexts
 from ..executor_manager.pacing import DEFAULT_MAX_BATCHES_AHEAD, Pacer, check_max_batches_ahead
 from ..extensions.base import Extension
 from ..extensions.dispatch import HookDispatcher, check_extensions, check_record_names
+from ..gluon import network_inputs
 from ..log import TrainingLog, TrainingStatus
 from ..log.files import RESUMED_FROM
 from ..log.records import ERROR, TRAINING_FINISH_REQUESTED
 from ..update import KVStoreLike, create_kvstore, prepare_update
-from .accumulation import check_accumulate_batches, pending_gradients
+from .accumulation import check_accumulate_batches
 from .buckets import resolve_network
 from .building import bind_training, check_inputs, set_initial_params
 from .collective import agree_everywhere
 from .epochs import end_epoch, finish_training, run_epoch, start_training
 from .interrupt import InterruptHandlers, report_interruption
+from .queries import LoopQueries
 from .resumption import choose_checkpoint
 from .state import loop_state, restore_loop_state
 
@@ -49,7 +50,7 @@ LOOP_RECORDS = (TRAINING_FINISH_REQUESTED, RESUMED_FROM, ERROR)
 """The records the loop itself writes: no extension may write them."""
 
 
-class MainLoop:
+class MainLoop(LoopQueries):
     """Train a symbol on a data iterator, epoch after epoch, until an extension stops it.
 
     The loop owns a :class:`DataParallelExecutorManager` (one executor per
@@ -65,10 +66,13 @@ class MainLoop:
 
     Parameters
     ----------
-    symbol : mx.sym.Symbol or callable
+    symbol : mx.sym.Symbol, callable or gluon.HybridBlock
         The network; several outputs with ``mx.sym.Group``. Or a
         ``BucketingModule``-style ``sym_gen(bucket_key) -> (symbol, data_names,
-        label_names)`` for batches of several shapes (see :mod:`.buckets`).
+        label_names)`` for batches of several shapes (see :mod:`.buckets`). Or a
+        Gluon ``HybridBlock`` with ``loss``: traced to a symbol, its parameter
+        values taken, the trained ones written back when training ends
+        (:mod:`mxoid.gluon`).
     train_data : mx.io.DataIter
         Training batches; its ``provide_data`` / ``provide_label`` name the
         symbol's inputs. It is reset at the start of every epoch but the first.
@@ -124,6 +128,10 @@ class MainLoop:
     default_bucket_key : optional
         With a ``sym_gen``: the bucket whose executors are bound first
         (``train_data.default_bucket_key`` by default).
+    loss : gluon.HybridBlock, optional
+        With a Gluon block: the training objective, ``loss(output, label)`` per
+        row (``gluon.loss.SoftmaxCrossEntropyLoss()``); its gradient summed over
+        the batch and rescaled by ``1 / batch_size``, as ``trainer.step(batch_size)``.
 
     Attributes
     ----------
@@ -145,6 +153,8 @@ class MainLoop:
         The run this loop trains, kept across resumptions (checkpoints carry it).
     resumed_from : str or None
         The checkpoint folder training resumed from.
+    gluon : mxoid.gluon.GluonNetwork or None
+        The traced Gluon block (None for a symbol).
 
     Notes
     -----
@@ -196,9 +206,15 @@ class MainLoop:
         accumulate_batches: int = 1,
         max_batches_ahead: Union[int, str, None] = DEFAULT_MAX_BATCHES_AHEAD,
         default_bucket_key: Any = None,
+        loss: Any = None,
     ) -> None:
         kv = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         try:
+            symbol, train_data, self.gluon = network_inputs(symbol, train_data, loss, initializer)
+            if self.gluon is not None:
+                arg_params, aux_params, fixed_param_names = self.gluon.loop_settings(
+                    arg_params, aux_params, fixed_param_names
+                )
             symbol, self.buckets = resolve_network(symbol, train_data, default_bucket_key)
             check_inputs(symbol, train_data, initializer)
             self.extensions = check_extensions(extensions)
@@ -210,6 +226,8 @@ class MainLoop:
             self._start_run()
             self.manager, owners = bind_training(self, work_load_list, fixed_param_names)
             self.head_owners = {id(self.manager.training_set): owners}
+            if self.gluon is not None:
+                self.manager.evaluation_symbol = self.gluon.evaluation_symbol
             self._pacer = Pacer.of_training(self.manager, self.max_batches_ahead)
             kv, on_kvstore = create_kvstore(kvstore, len(self.contexts), update_on_kvstore)
             self._collective = is_distributed(kv)
@@ -323,6 +341,8 @@ class MainLoop:
                         break
                     end_epoch(self)
                 finish_training(self)
+                if self.gluon is not None:  # the block is the model: it holds what was trained
+                    self.gluon.write_back(*self.get_params())
         except BaseException as error:
             if isinstance(error, Exception):
                 self._record_error(error)
@@ -371,59 +391,6 @@ class MainLoop:
         self.log.current_row[ERROR] = f"{type(error).__name__}: {error}{where}"
         self.dispatcher.fire_on_error(error)
 
-    # ------------------------------------------------------------ the network
-    def synchronize(self) -> None:
-        """Wait for the training step in flight: before reading, saving or evaluating the network.
-
-        The per-batch path never waits; an extension that reads
-        ``manager.param_arrays``, ``aux_arrays`` or ``outputs`` calls this
-        first (why: :meth:`DataParallelExecutorManager.synchronize`).
-        """
-        self.manager.synchronize()
-
-    def get_params(self) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
-        """Return ``(arg_params, aux_params)``, the model being trained, as host copies.
-
-        Waits for the step in flight; BatchNorm statistics are first averaged
-        over the devices and written back (the Notes of :class:`MainLoop`).
-        """
-        self.manager.reconcile_aux_states()
-        return self.manager.get_params()
-
-    # ------------------------------------------------------------- inference
-    def predict(
-        self, iterator: mx.io.DataIter, outputs: Optional[Union[str, Sequence[str]]] = None
-    ) -> Dict[str, np.ndarray]:
-        """Return output name -> NumPy array over the iterator's real samples, as of now.
-
-        As ``Module.predict(merge_batches=True)``: a last batch's padding dropped;
-        ``outputs`` picks some (``'softmax'``). See :func:`mxoid.inference.predict_on`.
-        """
-        from ..inference import predict_on
-
-        return predict_on(
-            self.manager, self.symbol, iterator, outputs, self.max_batches_ahead, self.buckets
-        )
-
-    def score(
-        self, iterator: mx.io.DataIter, metrics: Any, name: str = "valid"
-    ) -> Dict[str, float]:
-        """Return the records :class:`~mxoid.extensions.Evaluate` computes on ``iterator`` now.
-
-        Records ``<name>_<metric>``; nothing is logged. Every worker calls it.
-        """
-        from ..inference import score_on
-
-        return score_on(self, iterator, metrics, name)
-
-    def pending_gradients(self) -> Optional[Dict[str, mx.nd.NDArray]]:
-        """Return the gradients of an unfinished accumulation group (see :mod:`.accumulation`)."""
-        return pending_gradients(self.status, self.manager, self.accumulate_batches)
-
-    def optimizer_states(self) -> Optional[bytes]:
-        """Return the optimizer and its states as MXNet dumps them (None: on the servers)."""
-        return self.update.states()
-
     # ------------------------------------------------------------ its state
     def state_dict(self) -> Dict[str, Any]:
         """Return the loop's state as plain JSON-ready data (:func:`.state.loop_state`).
@@ -439,12 +406,3 @@ class MainLoop:
         this loop that differ from the run's win, with a warning each.
         """
         restore_loop_state(self, checkpoint, stacklevel=4)
-
-    # -------------------------------------------------------------- profile
-    def profile(self) -> List[tuple]:
-        """Return ``(extension, hook, calls, seconds)`` per dispatched hook, slowest first."""
-        return self.dispatcher.profile()
-
-    def print_profile(self) -> None:
-        """Print the time each extension spent in each hook."""
-        self.dispatcher.print_profile()

@@ -114,7 +114,7 @@ class MetricAccumulator:
                 raise ValueError(
                     f"no output named {output!r}; the symbol's outputs are {manager.output_names}"
                 )
-            label = label_for_output(output, manager.output_names, manager.label_names)
+            label = label_for_output(output, manager.metric_outputs, manager.label_names)
             if isinstance(metric, HostMetric):
                 metric = copy.deepcopy(metric)  # each accumulator keeps its own state
                 self._host.append((metric, manager.outputs[output], manager.labels[label]))

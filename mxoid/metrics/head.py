@@ -7,7 +7,7 @@ from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 import mxnet as mx
 import numpy as np
 
-from ..executor_manager.outputs import output_short_name
+from ..executor_manager.outputs import metric_output_names, output_short_name
 from ..executor_manager.private_heads import COUNTING_SUFFIX
 from .creation import Metric
 from .host import HostMetric
@@ -137,7 +137,7 @@ def _columns(graph: _Graph, metrics: Sequence[Tuple[str, Metric]]) -> Optional[L
     for output, metric in metrics:
         if isinstance(metric, HostMetric):
             continue
-        label = label_for_output(output, output_names, label_names)
+        label = label_for_output(output, metric_output_names(symbol), label_names)
         if label not in available:
             return None
         position = output_names.index(output)
@@ -176,7 +176,7 @@ def _native_values(
         return None
     output_names = [output_short_name(n) for n in symbol.list_outputs()]
     (output,) = outputs
-    label = label_for_output(output, output_names, label_names)
+    label = label_for_output(output, metric_output_names(symbol), label_names)
     position = output_names.index(output)
     pred_shape, label_shape = tuple(out_shapes[position]), tuple(shapes.get(label, ()))
     if (

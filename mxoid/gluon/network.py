@@ -1,0 +1,279 @@
+"""A Gluon ``HybridBlock`` and its loss as the graphs a :class:`~mxoid.MainLoop` trains.
+
+A HybridBlock called on ``mx.sym.var`` returns a symbol: the loop binds it, with
+the loss as its training objective, to executors like any other, and every
+extension applies unchanged. :class:`GluonNetwork` traces the block twice, in
+training mode (the graph the loop trains) and in predict mode (the graph it
+evaluates and predicts with, where a block branches on ``autograd.is_training()``;
+the training graph itself where both are the same graph), takes the block's
+parameter values, and gives the trained values back to the block.
+
+The training graph's outputs are the block's outputs, named ``output`` (or
+``output0``, ``output1``, ... for several), and the loss, named ``loss``: a
+``MakeLoss`` of the loss's value per row, whose gradient is the loss's summed
+over the batch; the optimizer's ``rescale_grad`` of ``1 / batch_size`` makes it
+``trainer.step(batch_size)``'s. Metrics given without an output name bind to
+the block's output (a ``MakeLoss`` output is a loss, not a prediction); the
+loss's mean per batch is the metric ``'loss'`` on the output ``'loss'``. The
+inputs are named ``data`` (``data0``, ``data1``, ... for a block of several
+inputs) and the labels ``label`` (``label0``, ...) when the training data is a
+Gluon ``DataLoader`` (read through :class:`mxoid.data.DataLoaderIter`); an
+``mx.io.DataIter`` names them itself.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import mxnet as mx
+from mxnet import autograd, gluon
+
+from ..data.loader import as_data_iter
+
+__all__ = ["GluonNetwork", "input_names", "is_block", "network_inputs"]
+
+OUTPUT, LOSS = "output", "loss"
+
+NOT_HYBRID = (
+    "{what} is a gluon.Block, which mxoid cannot trace to a graph: make it a "
+    "gluon.HybridBlock (define hybrid_forward(self, F, x, ...) instead of forward), as "
+    "net.hybridize() needs too"
+)
+NO_LOSS = (
+    "a Gluon network needs its loss: MainLoop(net, train_data, "
+    "loss=gluon.loss.SoftmaxCrossEntropyLoss(), ...)"
+)
+
+
+def is_block(network: Any) -> bool:
+    """Return whether ``network`` is a Gluon block (which the loop traces)."""
+    return isinstance(network, gluon.Block)
+
+
+def _positional_inputs(block: gluon.HybridBlock) -> int:
+    """Return how many arrays ``block`` takes.
+
+    Its hybrid_forward's arguments after ``F`` that are not its parameters and have no
+    default.
+    """
+    parameters = list(inspect.signature(block.hybrid_forward).parameters.values())[1:]
+    own = set(getattr(block, "_reg_params", {}))
+    return sum(
+        1
+        for p in parameters
+        if p.name not in own
+        and p.default is inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    )
+
+
+def input_names(block: gluon.HybridBlock, loss: gluon.HybridBlock) -> Tuple[List[str], List[str]]:
+    """Return the default (data names, label names) of ``block`` trained with ``loss``."""
+    inputs = max(_positional_inputs(block), 1)
+    labels = max(_positional_inputs(loss) - 1, 0)
+
+    def names(base: str, count: int) -> List[str]:
+        return [base] if count == 1 else [f"{base}{i}" for i in range(count)]
+
+    return names("data", inputs), names("label", labels)
+
+
+def _check(network: Any, loss: Any) -> None:
+    if not isinstance(network, gluon.HybridBlock):
+        raise TypeError(NOT_HYBRID.format(what=f"the network ({type(network).__name__})"))
+    if loss is None:
+        raise TypeError(NO_LOSS)
+    if not isinstance(loss, gluon.HybridBlock):
+        what = f"the loss ({type(loss).__name__})"
+        if isinstance(loss, gluon.Block):
+            raise TypeError(NOT_HYBRID.format(what=what))
+        raise TypeError(
+            f"{what} must be a gluon.HybridBlock such as gluon.loss.SoftmaxCrossEntropyLoss(), "
+            "called as loss(output, label) and returning one value per row"
+        )
+
+
+def _outputs(traced: Any) -> List[mx.sym.Symbol]:
+    if isinstance(traced, (list, tuple)):
+        return [s for item in traced for s in _outputs(item)]
+    return [traced[i] for i in range(len(traced.list_outputs()))]
+
+
+def _same_graph(a: mx.sym.Symbol, b: mx.sym.Symbol) -> bool:
+    """Return whether two traces are one graph (the versions of mutated inputs aside)."""
+
+    def plain(symbol: mx.sym.Symbol) -> Any:
+        graph = json.loads(symbol.tojson())
+        nodes = [
+            (n["op"], n["name"], n.get("attrs"), [i[:2] for i in n["inputs"]])
+            for n in graph["nodes"]
+        ]
+        return nodes, [h[:2] for h in graph["heads"]]
+
+    return plain(a) == plain(b)
+
+
+class GluonNetwork:
+    """A HybridBlock and its loss, traced (see the module's documentation).
+
+    Parameters
+    ----------
+    block : gluon.HybridBlock
+        The network; initialized or not (``initialize()`` with deferred shapes
+        is finished here, as Gluon's first forward pass would).
+    loss : gluon.HybridBlock
+        Called as ``loss(*outputs, *labels)``; one value per row.
+    data_descs : list of DataDesc
+        The training inputs (their shapes finish deferred initialization).
+    label_names : list of str
+        The loss's label inputs.
+    initializer : mx.init.Initializer, optional
+        For a block never initialized (Gluon's default initializer otherwise).
+    """
+
+    def __init__(
+        self,
+        block: gluon.HybridBlock,
+        loss: gluon.HybridBlock,
+        data_descs: Sequence[Any],
+        label_names: Sequence[str],
+        initializer: Optional[mx.init.Initializer] = None,
+    ) -> None:
+        _check(block, loss)
+        self.block, self.loss = block, loss
+        self.data_names = [_desc_name(d) for d in data_descs]
+        self.label_names = list(label_names)
+        self._finish_initialization(data_descs, initializer)
+        train, self.output_names = self._trace(autograd.train_mode)
+        predict, _ = self._trace(autograd.predict_mode)
+        self.symbol = train
+        self.evaluation_symbol = None if _same_graph(train, predict) else predict
+        self.prediction = mx.sym.Group(self._raw_outputs)  # predict mode, for net-symbol.json
+        self.parameters = {p.name: p for p in block.collect_params().values()}
+
+    def _finish_initialization(
+        self, data_descs: Sequence[Any], initializer: Optional[mx.init.Initializer]
+    ) -> None:
+        params = list(self.block.collect_params().values())
+        never = [p for p in params if p._data is None and p._deferred_init == ()]
+        if never:
+            self.block.initialize(initializer or mx.init.Uniform(), force_reinit=False)
+        if any(p._data is None for p in params):  # deferred shapes: one forward, as Gluon's first
+            context = params[0].list_ctx()[0]
+            inputs = [
+                mx.nd.zeros((1,) + tuple(_desc_shape(d)[1:]), ctx=context, dtype=_desc_dtype(d))
+                for d in data_descs
+            ]
+            with autograd.predict_mode():
+                self.block(*inputs)
+
+    def _trace(self, mode: Any) -> Tuple[mx.sym.Symbol, List[str]]:
+        data = [mx.sym.var(name) for name in self.data_names]
+        labels = [mx.sym.var(name) for name in self.label_names]
+        with mode():
+            outputs = _outputs(self.block(*data))
+            value = self.loss(*outputs, *labels)
+        if isinstance(value, (list, tuple)) or len(value.list_outputs()) != 1:
+            raise ValueError("the loss must return one array (one value per row), not several")
+        names = [OUTPUT] if len(outputs) == 1 else [f"{OUTPUT}{i}" for i in range(len(outputs))]
+        self._raw_outputs = outputs
+        heads = [mx.sym.BlockGrad(o, name=n) for o, n in zip(outputs, names)]
+        return mx.sym.Group(heads + [mx.sym.MakeLoss(value, name=LOSS)]), names
+
+    # ------------------------------------------------------------ parameters
+    def loop_settings(
+        self,
+        arg_params: Optional[Dict[str, mx.nd.NDArray]],
+        aux_params: Optional[Dict[str, mx.nd.NDArray]],
+        fixed_param_names: Optional[Sequence[str]],
+    ) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray], List[str]]:
+        """Return the loop's initial values and fixed parameters: the block's, then those given."""
+        args, aux = self.initial_params()
+        fixed = set(fixed_param_names or ()) | set(self.fixed_param_names())
+        return {**args, **(arg_params or {})}, {**aux, **(aux_params or {})}, sorted(fixed)
+
+    def initial_params(self) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
+        """Return the block's values ``(arg_params, aux_params)`` by the graph's names."""
+        args, aux = set(self.symbol.list_arguments()), set(self.symbol.list_auxiliary_states())
+        arg_params, aux_params = {}, {}
+        for name, param in self.parameters.items():
+            if name in args:
+                arg_params[name] = param.data(param.list_ctx()[0])
+            elif name in aux:
+                aux_params[name] = param.data(param.list_ctx()[0])
+        return arg_params, aux_params
+
+    def fixed_param_names(self) -> List[str]:
+        """Return the parameters with ``grad_req='null'`` that the graph takes as arguments."""
+        args = set(self.symbol.list_arguments())
+        return sorted(n for n, p in self.parameters.items() if p.grad_req == "null" and n in args)
+
+    def write_back(
+        self, arg_params: Dict[str, mx.nd.NDArray], aux_params: Dict[str, mx.nd.NDArray]
+    ) -> None:
+        """Set the block's parameters (on each of their contexts) to these values."""
+        for name, param in self.parameters.items():
+            value = arg_params.get(name, aux_params.get(name))
+            if value is not None:
+                param.set_data(value)
+
+    # ------------------------------------------------------------ checkpoints
+    def checkpoint_files(
+        self, arg_params: Dict[str, mx.nd.NDArray], aux_params: Dict[str, mx.nd.NDArray]
+    ) -> Dict[str, Any]:
+        """Return file name -> writer(path) of what Gluon loads from a checkpoint folder.
+
+        ``net.params``: ``block.save_parameters``'s file (``block.load_parameters``);
+        ``net-symbol.json``: the block's graph in predict mode, which
+        ``gluon.SymbolBlock.imports('net-symbol.json', data_names,
+        'model-<epoch>.params')`` loads with the checkpoint's parameters.
+        """
+        values = {**aux_params, **arg_params}
+        by_structure = {
+            structure: values[param.name]
+            for structure, param in self.block._collect_params_with_prefix().items()
+            if param.name in values
+        }
+        return {
+            "net.params": lambda path: mx.nd.save(path, by_structure),
+            "net-symbol.json": lambda path: self.prediction.save(path),
+        }
+
+
+def network_inputs(
+    network: Any, train_data: Any, loss: Any, initializer: Optional[mx.init.Initializer]
+) -> Tuple[Any, Any, Optional[GluonNetwork]]:
+    """Return ``(network, train_data, gluon)`` as the loop takes them.
+
+    A Gluon block becomes its training graph (``gluon``: the traced
+    :class:`GluonNetwork`), its inputs named after ``train_data``'s; a symbol or a
+    ``sym_gen`` is returned as it is, with ``gluon`` None.
+    """
+    if not is_block(network):
+        if loss is not None:
+            raise TypeError(
+                "loss= is for a Gluon block; a symbol carries its loss (SoftmaxOutput, MakeLoss)"
+            )
+        if isinstance(train_data, gluon.data.DataLoader) and isinstance(network, mx.sym.Symbol):
+            labels = [n for n in network.list_arguments() if n.endswith("_label")]
+            train_data = as_data_iter(train_data, ["data"], labels)
+        return network, train_data, None
+    _check(network, loss)
+    train_data = as_data_iter(train_data, *input_names(network, loss))
+    labels = [_desc_name(d) for d in train_data.provide_label or ()]
+    traced = GluonNetwork(network, loss, list(train_data.provide_data), labels, initializer)
+    return traced.symbol, train_data, traced
+
+
+def _desc_name(desc: Any) -> str:
+    return desc[0] if isinstance(desc, tuple) else desc.name
+
+
+def _desc_shape(desc: Any) -> Tuple[int, ...]:
+    return tuple(desc[1] if isinstance(desc, tuple) else desc.shape)
+
+
+def _desc_dtype(desc: Any) -> Any:
+    return getattr(desc, "dtype", "float32")
