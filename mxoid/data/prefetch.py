@@ -90,6 +90,11 @@ class Prefetch(mx.io.DataIter):
         """The wrapped iterator's ``provide_label``."""
         return self.iterator.provide_label
 
+    @property
+    def default_bucket_key(self) -> Any:
+        """The wrapped iterator's ``default_bucket_key`` (a BucketSentenceIter's); None without."""
+        return getattr(self.iterator, "default_bucket_key", None)
+
     def __len__(self) -> int:
         """Return the wrapped iterator's number of batches per epoch, where it can tell."""
         count = batches_per_epoch(self.iterator)

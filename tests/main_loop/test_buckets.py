@@ -29,6 +29,7 @@ from mxoid import (
     Evaluate,
     FinishAfter,
     MainLoop,
+    Prefetch,
     TrainingMonitoring,
 )
 
@@ -308,3 +309,71 @@ def test_sentences_an_epoch_leaves_out_are_warned_of():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         MainLoop(sym_gen_of(), whole, extensions=[FinishAfter(after_n_epochs=1)])
+
+
+class PairKeys(mx.io.DataIter):
+    """A BucketSentenceIter whose bucket keys are pairs, as Sockeye's (source, target)."""
+
+    resets_are_deterministic = True  # its shuffle draws from the generators resumption restores
+
+    def __init__(self, iterator):
+        super().__init__(iterator.batch_size)
+        self.iterator = iterator
+        self.provide_data, self.provide_label = iterator.provide_data, iterator.provide_label
+        self.default_bucket_key = (iterator.default_bucket_key,) * 2
+
+    def reset(self):
+        self.iterator.reset()
+
+    def next(self):
+        batch = self.iterator.next()
+        batch.bucket_key = (batch.bucket_key,) * 2
+        return batch
+
+
+def test_tuple_bucket_keys_train_checkpoint_and_resume_exactly(tmp_path):
+    """Pairs as bucket keys (which BucketingModule.load cannot read back): the loop trains
+    as with the ints, and a run resumed mid-epoch from its checkpoint ends bit-identical."""
+    by_length = sym_gen_of()
+
+    def sym_gen(key):
+        return by_length(key[0])
+
+    def run(stop, directory, resume=False):
+        return MainLoop(
+            sym_gen,
+            PairKeys(bucket_iter()),
+            optimizer_params=dict(OPTIMIZER_PARAMS),
+            arg_params=initial_params(by_length),
+            extensions=[stop, Checkpoint(str(directory), every_n_batches=5)],
+            resume_from=str(directory) if resume else None,
+            exit_on_interrupt=False,
+        ).run()
+
+    ints = bucket_loop([FinishAfter(after_n_epochs=2)]).run()
+    whole = run(FinishAfter(after_n_epochs=2), tmp_path / "whole")
+    for name, value in params_of(ints).items():
+        np.testing.assert_array_equal(params_of(whole)[name], value, err_msg=name)
+    folder = whole.log.last("checkpoint_saved_to")
+    assert not os.path.exists(os.path.join(folder, "model.buckets"))  # int keys only
+    run(FinishAfter(after_n_batches=10), tmp_path / "cut")
+    resumed = run(FinishAfter(after_n_epochs=2), tmp_path / "cut", resume=True)
+    assert resumed.resumed_from.endswith("batch00000010")
+    for name, value in params_of(whole).items():
+        np.testing.assert_array_equal(params_of(resumed)[name], value, err_msg=name)
+
+
+def test_prefetching_a_bucketed_iterator_trains_the_same():
+    """Prefetch reads BucketSentenceIter's batches (each its own bucket and shapes) ahead on
+    a thread: the same parameters and perplexity as reading them in the loop."""
+    runs = [
+        bucket_loop(
+            [FinishAfter(after_n_epochs=2), TrainingMonitoring(PERPLEXITY)],
+            train=Prefetch(bucket_iter()) if prefetch else bucket_iter(),
+        ).run()
+        for prefetch in (False, True)
+    ]
+    plain, prefetched = (params_of(loop) for loop in runs)
+    for name, value in plain.items():
+        np.testing.assert_array_equal(prefetched[name], value, err_msg=name)
+    assert runs[0].log.last("train_perplexity") == runs[1].log.last("train_perplexity")
