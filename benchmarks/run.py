@@ -11,6 +11,7 @@ Suites (``benchmarks/suites/``; ``python benchmarks/run.py SUITE --help``):
   evaluate  Evaluate against Module.score
   sweep     host time per step against the number of parameter arrays
   startup   a short run from scratch in fresh processes: MainLoop against Module
+  gluon     mxoid training a Gluon HybridBlock beside Gluon's hand loop and Estimator
 
 Every suite has ``--quick``, ``--check`` (correctness only, tiny; exit status 1 when a
 check fails, speed never changes it) and ``--json PATH`` (default ``results/SUITE.json``).
@@ -22,7 +23,7 @@ import sys
 
 from harness import env
 
-SUITES = ("loop", "micro", "updaters", "head", "prefetch", "evaluate", "sweep", "startup")
+SUITES = ("loop", "micro", "updaters", "head", "prefetch", "evaluate", "sweep", "startup", "gluon")
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from harness import stats
+from harness import env, stats
 from harness.processes import InterleavedJob, Job, run_jobs
 from harness.report import markdown_table
 
@@ -28,6 +28,34 @@ class Contest:
     equal_to_hand: Tuple[str, ...] = ()  # must end with the hand loop's parameters
     tolerance: Optional[Callable[[str, tuple], Tuple[float, float]]] = None  # RTOL, ATOL
     versus: Optional[str] = None  # the contender of the 'x Module' column
+
+
+def add_options(parser, contenders: Sequence[str], cells: str, extra=()) -> None:
+    """The command line of a contest suite: which contenders and cells, how many rounds
+    and processes, the Markdown report, the checkout the workers import; ``extra``:
+    ``(flag, help)`` switches of the suite's own."""
+    add = parser.add_argument
+    add("--contenders", help=f"a comma-separated subset of {', '.join(contenders)}")
+    add("--cells", help=cells)
+    add("--repeat", type=int, help="processes per cell (3 in a full run, else 1)")
+    add("--timed-epochs", type=int, help="timed rounds of each process")
+    add("--no-memory", action="store_true", help="skip the memory pass (full runs have one)")
+    for flag, text in extra:
+        add(flag, action="store_true", help=text)
+    add("--markdown", metavar="PATH", help="also write the tables as Markdown")
+    add("--report", metavar="JSON", help="run nothing: the Markdown of a results file")
+    add("--mxoid", default=env.ROOT, metavar="PATH", help="the checkout the workers import")
+    add("--worker-timeout", type=float, default=600.0, help="kill a hung worker after it, rerun")
+    add("--quiet", action="store_true", help="no progress lines")
+
+
+def apply_options(config: dict, args) -> dict:
+    """``config`` (a mode's rounds, processes and memory epochs) as the command line
+    changes it (:func:`add_options`)."""
+    config["timed"] = args.timed_epochs or config["timed"]
+    config["repeat"] = args.repeat or config["repeat"]
+    config["memory_epochs"] = 0 if args.no_memory else config["memory_epochs"]
+    return config
 
 
 def cell_of(row: dict, keys: Sequence[str]) -> tuple:

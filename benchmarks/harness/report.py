@@ -45,6 +45,29 @@ def table_of(columns: Sequence[Tuple[str, str]], entries: Sequence[dict], align:
     return markdown_table([header for header, _ in columns], rows, align)
 
 
+def print_report(args: argparse.Namespace, markdown) -> bool:
+    """``--report JSON``: the Markdown of a results file (``markdown(data)``), written to
+    ``--markdown`` or printed; return whether the suite was asked for that only."""
+    if not getattr(args, "report", None):
+        return False
+    with open(args.report) as f:
+        text = markdown(json.load(f))
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text)
+    else:
+        print(text, end="")
+    return True
+
+
+def mxoid_root(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The checkout the workers import (``--mxoid``), refused when it holds no mxoid."""
+    root = os.path.abspath(args.mxoid)
+    if not os.path.isfile(os.path.join(root, "mxoid", "__init__.py")):
+        parser.error(f"--mxoid {args.mxoid}: no mxoid/__init__.py there")
+    return root
+
+
 class Run:
     """One run of a suite: its mode, command, start, and other processes' load meanwhile."""
 

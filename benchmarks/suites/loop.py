@@ -297,19 +297,9 @@ def run_micro(arguments: List[str], environment: dict, root: str) -> Optional[di
 
 def _parser():
     parser = report.parser(__doc__, "loop")
-    contenders = ", ".join(ALL_CONTENDERS + EXTRA_CONTENDERS)
-    add = parser.add_argument
-    add("--contenders", help=f"a comma-separated subset of {contenders}")
-    add("--cells", help="model-batch-contexts[-sgd|-adam], e.g. mlp-32-1,lenet-128-2,mlp-32-2-adam")
-    add("--repeat", type=int, help="processes per cell (3 in a full run, else 1)")
-    add("--timed-epochs", type=int, help="timed rounds of each process")
-    add("--no-memory", action="store_true", help="skip the memory pass")
-    add("--no-micro", action="store_true", help="skip the micro suite")
-    add("--markdown", metavar="PATH", help="also write the tables as Markdown")
-    add("--report", metavar="JSON", help="run nothing: the Markdown of a results file")
-    add("--mxoid", default=env.ROOT, metavar="PATH", help="the checkout the workers import")
-    add("--worker-timeout", type=float, default=600.0, help="kill a hung worker after it, rerun")
-    add("--quiet", action="store_true", help="no progress lines")
+    cells = "model-batch-contexts[-sgd|-adam], e.g. mlp-32-1,lenet-128-2,mlp-32-2-adam"
+    extra = [("--no-micro", "skip the micro suite")]
+    contest.add_options(parser, ALL_CONTENDERS + EXTRA_CONTENDERS, cells, extra)
     return parser
 
 
@@ -336,28 +326,17 @@ def _configure(parser, args) -> dict:
         cell: samples["adam"][cell[1]] if cell[3] == "adam" else samples[cell[0]]
         for cell in config["cells"]
     }
-    config["timed"] = args.timed_epochs or config["timed"]
-    config["repeat"] = args.repeat or config["repeat"]
-    config["memory_epochs"] = 0 if args.no_memory else config["memory_epochs"]
-    return config
+    return contest.apply_options(config, args)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = _parser()
     args = parser.parse_args(argv)
-    if args.report:
-        with open(args.report) as f:
-            text = markdown(json.load(f))
-        with open(args.markdown or os.devnull, "w") as f:
-            f.write(text)
-        if not args.markdown:
-            print(text, end="")
+    if report.print_report(args, markdown):
         return 0
     run, plan = report.Run("loop", args, argv), _configure(parser, args)
-    mxoid_root = os.path.abspath(args.mxoid)
-    if not os.path.isfile(os.path.join(mxoid_root, "mxoid", "__init__.py")):
-        parser.error(f"--mxoid {args.mxoid}: no mxoid/__init__.py there")
+    mxoid_root = report.mxoid_root(parser, args)
     environment, machine = env.worker_env(mxoid_root), env.machine_info(mxoid_root)
     changes = " + uncommitted changes" if machine["mxoid_uncommitted_changes"] else ""
     where = f"{machine['nproc']} CPUs ({machine['cpu']}), Python {machine['python']}"
