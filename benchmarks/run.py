@@ -12,6 +12,7 @@ Suites (``benchmarks/suites/``; ``python benchmarks/run.py SUITE --help``):
   sweep     host time per step against the number of parameter arrays
   startup   a short run from scratch in fresh processes: MainLoop against Module
   gluon     mxoid training a Gluon HybridBlock beside Gluon's hand loop and Estimator
+  buckets   an LSTM over buckets: mxoid beside BucketingModule.fit and a hand loop; memory
 
 Every suite has ``--quick``, ``--check`` (correctness only, tiny; exit status 1 when a
 check fails, speed never changes it) and ``--json PATH`` (default ``results/SUITE.json``).
@@ -23,7 +24,8 @@ import sys
 
 from harness import env
 
-SUITES = ("loop", "micro", "updaters", "head", "prefetch", "evaluate", "sweep", "startup", "gluon")
+SUITES = ("loop", "micro", "updaters", "head", "prefetch", "evaluate", "sweep", "startup")
+SUITES += ("gluon", "buckets")
 
 
 def main(argv=None) -> int:
