@@ -40,7 +40,7 @@ from .format import (
     fix_for,
     unique_token,
 )
-from .reading import read_checkpoint
+from .reading import read_checkpoint, read_manifest
 
 __all__ = [
     "DirectoryLock",
@@ -51,7 +51,9 @@ __all__ = [
     "list_checkpoints",
     "newest_whole",
     "next_sequence",
+    "other_runs",
     "remove_checkpoint",
+    "run_of",
 ]
 
 T = TypeVar("T")
@@ -100,6 +102,36 @@ def next_sequence(directory: str) -> int:
         int(FOLDER_NAME.match(os.path.basename(p)).group(1)) for p in list_checkpoints(directory)
     ]
     return max(numbers, default=0) + 1
+
+
+def run_of(path: str) -> Optional[str]:
+    """Return the run that wrote the checkpoint folder ``path``; None when it cannot tell."""
+    try:
+        return read_manifest(path).get("run_id")
+    except CheckpointError:
+        return None
+
+
+def other_runs(directory: str, run_id: str, best: str) -> Tuple[List[str], List[CheckpointError]]:
+    """Return the checkpoint folders of ``directory`` (and its ``best``) another run wrote.
+
+    Also returns the errors of the folders whose manifest cannot be read
+    (missing, truncated: a write or a copy cut short): they belong to no run
+    that can be told, so resumption skips them and pruning never deletes them.
+    """
+    folders = list_checkpoints(directory)
+    if os.path.isdir(os.path.join(directory, best)):
+        folders.append(os.path.join(directory, best))
+    others, damaged = [], []
+    for path in folders:
+        try:
+            run = read_manifest(path).get("run_id")
+        except CheckpointError as error:
+            damaged.append(error)
+            continue
+        if run != run_id:
+            others.append(path)
+    return others, damaged
 
 
 def is_checkpoint_folder(path: str) -> bool:

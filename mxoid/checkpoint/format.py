@@ -14,10 +14,13 @@ A checkpoint is a folder ``checkpoint-<seq>-epoch<E>-batch<B>`` holding
     The optimizer with its per-parameter states (momentum, Adam's moments
     and step counts), as MXNet's updater dumps them
     (``get_states(dump_optimizer=True)``). Absent with a distributed
-    kvstore, whose states live on the servers.
+    kvstore that updates, whose states live on the servers; present with
+    ``update_on_kvstore=False`` (every worker holds the same states).
 ``loop.json``
     Plain JSON: the loop's :meth:`~mxoid.MainLoop.state_dict` (the keys of
-    :data:`LOOP_STATE_KEYS`, and more).
+    :data:`LOOP_STATE_KEYS`, and more); in distributed training also
+    ``rank_states``, every worker's own random states, iterator position and
+    MXNet seed, by rank (:mod:`mxoid.main_loop.ranks`).
 ``MANIFEST.json``
     Written last: the format version, the run the checkpoint belongs to,
     its sequence number, and the size and SHA-256 of every other file.
@@ -42,7 +45,7 @@ import re
 import shutil
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import mxnet as mx
 import numpy as np
@@ -131,6 +134,17 @@ class CheckpointContents:
     def run_id(self) -> Optional[str]:
         """The run that wrote this checkpoint (None for checkpoints of mxoid 0.1)."""
         return self.manifest.get("run_id")
+
+    @property
+    def identity(self) -> Tuple[Optional[str], Any, int, str]:
+        """(run, sequence number, batches done, path): which checkpoint this is, on any host."""
+        status = self.loop_state.get("status", {})
+        return (
+            self.run_id,
+            self.manifest.get("sequence"),
+            status.get("iterations_done", 0),
+            self.path,
+        )
 
 
 def checkpoint_name(sequence: int, epochs_done: int, iterations_done: int) -> str:

@@ -6,7 +6,9 @@ that keep a job from hanging.
 - :func:`allgather` and :func:`allreduce_sums`: exact exchanges of numbers
   through the servers' reduction keys (see :mod:`mxoid.distributed.servers`);
   the metric extensions sum their totals with them, and the loop agrees on
-  stopping with them (:func:`agree_to_stop`);
+  stopping with them (:func:`agree_to_stop`); :func:`allgather_json`: every
+  worker's plain data (a checkpoint's per-rank states), and
+  :func:`check_same_checkpoint`: every worker resumes from the same checkpoint;
 - :func:`check_equal_steps`: with ``dist_sync`` every worker must take the
   same number of steps per epoch, or the job hangs;
 - :func:`pull_parameters` (every worker ends with the servers' parameters)
@@ -16,6 +18,7 @@ that keep a job from hanging.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -31,8 +34,10 @@ from .servers import MERGED, is_asynchronous, is_distributed, reduction_keys
 __all__ = [
     "agree_to_stop",
     "allgather",
+    "allgather_json",
     "allreduce_sums",
     "check_equal_steps",
+    "check_same_checkpoint",
     "exit_after_error",
     "pull_parameters",
 ]
@@ -59,6 +64,14 @@ UNKNOWN_STEPS = (
     "takes the same number of steps (unequal counts hang dist_sync). Use an mx.io.NDArrayIter "
     "(e.g. from mxoid.shard) or wrap the iterator in mx.io.ResizeIter"
 )
+DIFFERENT_CHECKPOINTS = (
+    "the workers would resume from different checkpoints ({choices}); every worker must read "
+    "the one checkpoint rank 0 wrote. Put the checkpoint directory on a file system every "
+    "host shares (or copy rank 0's checkpoint folder to the same path on every host) and "
+    "give every worker the same resume_from"
+)
+_JSON_CHUNK = 1 << 16  # float64 values an allgather_json call carries at most
+_BYTES_PER_VALUE = 6  # 48-bit integers: exact in a float64
 NOT_SET_UP = (
     "this kvstore has no mxoid servers set up yet: create the MainLoop (or call "
     "set_server_optimizer) before reducing across workers, so that reduction keys are "
@@ -132,6 +145,85 @@ def allreduce_sums(kvstore: Optional[mx.kv.KVStore], name: str, values: Any) -> 
         loss_sum, count = allreduce_sums(loop.kvstore, "valid_loss", [loss_sum, count])
     """
     return allgather(kvstore, name, values).sum(axis=0)
+
+
+def allgather_json(kvstore: Optional[mx.kv.KVStore], name: str, value: Any) -> List[Any]:
+    """Return every worker's ``value`` (plain JSON-ready data), in rank order.
+
+    A collective call, like :func:`allgather`: every worker must make it, in
+    the same order, with the same ``name``; the values may differ in size.
+    The JSON text travels as 6 bytes per float64 (exactly), first its length,
+    then in calls of at most 65536 values (the kvstore never splits them
+    across servers); sizes are rounded up to powers of two, so few reduction
+    keys are ever created. Without a distributed kvstore it returns ``[value]``.
+    """
+    if not is_distributed(kvstore):
+        return [value]
+    data = json.dumps(value, separators=(",", ":")).encode()
+    lengths = [int(n) for n in allgather(kvstore, f"{name}/length", [len(data)])[:, 0]]
+    needed = max(1, -(-max(lengths) // _BYTES_PER_VALUE))
+    limit = min(_JSON_CHUNK, _BIGARRAY_BOUND // kvstore.num_workers - 1)
+    size = min(1 << (limit.bit_length() - 1), 1 << max(6, (needed - 1).bit_length()))
+    packed = _pack(data)
+    parts = []
+    for start in range(0, needed, size):
+        part = np.zeros(size)
+        piece = packed[start : start + size]
+        part[: len(piece)] = piece
+        parts.append(allgather(kvstore, f"{name}/json", part))
+    rows = np.concatenate(parts, axis=1)
+    return [json.loads(_unpack(row, length)) for row, length in zip(rows, lengths)]
+
+
+def _pack(data: bytes) -> np.ndarray:
+    """Return ``data`` as float64 values, 6 bytes (a 48-bit integer) each."""
+    padded = np.frombuffer(data + b"\0" * (-len(data) % _BYTES_PER_VALUE), dtype=np.uint8)
+    values = np.zeros(len(padded) // _BYTES_PER_VALUE, dtype=np.uint64)
+    for column in padded.reshape(-1, _BYTES_PER_VALUE).T.astype(np.uint64):
+        values = (values << np.uint64(8)) | column
+    return values.astype(np.float64)
+
+
+def _unpack(values: np.ndarray, length: int) -> bytes:
+    """Return the first ``length`` bytes that :func:`_pack` packed into ``values``."""
+    ints = values.astype(np.uint64)
+    columns = np.zeros((len(ints), _BYTES_PER_VALUE), dtype=np.uint8)
+    for index in range(_BYTES_PER_VALUE - 1, -1, -1):
+        columns[:, index] = (ints & np.uint64(0xFF)).astype(np.uint8)
+        ints = ints >> np.uint64(8)
+    return columns.tobytes()[:length]
+
+
+def check_same_checkpoint(
+    kvstore: mx.kv.KVStore, checkpoint: Optional[Tuple[Optional[str], Any, int, str]]
+) -> None:
+    """Raise on every worker when the workers would not resume from the same checkpoint.
+
+    A collective call (:func:`allgather_json`). ``checkpoint`` is what this
+    worker would resume from: (run, sequence number, batches done, path), or
+    None to start anew. Every worker must read the one checkpoint rank 0
+    wrote: on a file system they share.
+
+    Raises
+    ------
+    ValueError
+        When they differ (a worker that cannot see rank 0's checkpoints).
+    """
+    choices = allgather_json(kvstore, "resumed_from", checkpoint)
+    if all(_same_checkpoint(choice, choices[0]) for choice in choices):
+        return
+    described = ", ".join(
+        f"rank {rank}: " + ("none (a new run)" if c is None else f"{c[3]} (batch {c[2]})")
+        for rank, c in enumerate(choices)
+    )
+    raise ValueError(DIFFERENT_CHECKPOINTS.format(choices=described))
+
+
+def _same_checkpoint(one: Any, other: Any) -> bool:
+    """Whether two workers' choices name the same checkpoint (its path may differ by host)."""
+    if one is None or other is None:
+        return one is other
+    return list(one[:3]) == list(other[:3])
 
 
 def _reduction_key(kvstore: mx.kv.KVStore, name: str, size: int) -> str:

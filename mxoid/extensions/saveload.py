@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import zlib
 from typing import Any, Dict, List, Optional
 
 import mxnet as mx
@@ -16,10 +15,11 @@ from ..checkpoint import (
     clean_temporaries,
     list_checkpoints,
     next_sequence,
-    read_manifest,
     remove_checkpoint,
     write_checkpoint,
 )
+from ..checkpoint.directory import other_runs, run_of
+from ..distributed.servers import is_distributed
 from ..log.records import (
     BEST_CHECKPOINT,
     CHECKPOINT_SAVED_TO,
@@ -29,6 +29,8 @@ from ..log.records import (
     to_float,
 )
 from .base import Extension
+from .save_points import SavePoints, check_best_everywhere, mxnet_seed
+from .save_points import counters as _counters
 from .selection import BestValue
 
 __all__ = ["Checkpoint"]
@@ -50,23 +52,6 @@ DAMAGED_LEFT = (
     "{error}. It is left in place: resumption skips it and this run never deletes it "
     "(remove it once it is of no use)"
 )
-
-
-def _counters(status: Any) -> List[Any]:
-    """Return what tells two saves apart: the same counters, the same state.
-
-    The stop's reason is among them: a signal sets ``interrupted`` during the
-    batch whose periodic save then runs, and the loop records the stop (its
-    ``training_finish_requested``) only after that batch's hooks, so the save
-    on interruption holds more than the periodic one.
-    """
-    return [
-        status.iterations_done,
-        status.epochs_done,
-        status.epoch_started,
-        status.interrupted,
-        status.stop_reason,
-    ]
 
 
 class Checkpoint(Extension):
@@ -98,6 +83,14 @@ class Checkpoint(Extension):
     seed derived from the loop counters and stores it; resumption sets it
     again. Runs with and without a Checkpoint therefore draw different MXNet
     random numbers after the first save.
+
+    In distributed training every worker runs it, and rank 0 writes: at each
+    save every worker gives rank 0 its own random states and iterator position
+    (a collective exchange, :mod:`mxoid.extensions.save_points`), which
+    ``loop.json`` keeps by rank. Its firing conditions must therefore hold alike
+    on every worker (batch and epoch counts do; ``save_best_of`` must name a
+    record every worker writes, as Evaluate's), and every worker must see rank
+    0's directory to resume (a shared file system).
 
     Parameters
     ----------
@@ -146,7 +139,7 @@ class Checkpoint(Extension):
                         resume_from="runs/mlp")
     """
 
-    rank_zero_only = True
+    rank_zero_only = False  # every worker takes part in a save; rank 0 writes
 
     def __init__(
         self,
@@ -201,6 +194,8 @@ class Checkpoint(Extension):
         self.last_saved: Optional[str] = None
         self._last_counters: Optional[list] = None
         self._lock = DirectoryLock(self.directory)
+        self._points = SavePoints()
+        self._interrupted = False  # distributed: a save on interruption, made after training
 
     # ------------------------------------------------------------- the run
     @property
@@ -242,12 +237,18 @@ class Checkpoint(Extension):
         super().on_resumption()
 
     def _start(self) -> None:
+        if self._distributed():
+            check_best_everywhere(self.save_best_of, self.main_loop.extensions)
+        if self.main_loop.status.rank != 0:
+            return
         self._lock.acquire()
         try:
             for path, what in clean_temporaries(self.directory):
                 logger.warning("%s %s", path, what)
-            if self.require_empty:
-                others = self._other_runs()
+            if self.require_empty:  # a folder whose manifest cannot be read is left, with a warning
+                others, damaged = other_runs(self.directory, self.main_loop.run_id, BEST)
+                for error in damaged:
+                    logger.warning(DAMAGED_LEFT.format(error=error))
                 if others:
                     raise CheckpointError(
                         OTHER_RUN.format(directory=self.directory, newest=others[-1])
@@ -256,42 +257,24 @@ class Checkpoint(Extension):
             self._lock.release()
             raise
 
-    def _run_of(self, path: str) -> Optional[str]:
-        """Return the run that wrote the checkpoint folder ``path``; None when it cannot tell."""
-        try:
-            return read_manifest(path).get("run_id")
-        except CheckpointError:
-            return None
-
-    def _other_runs(self) -> List[str]:
-        """Checkpoint folders here (``best`` included) that another run wrote.
-
-        A folder whose manifest cannot be read (missing, truncated: a write or a
-        copy cut short) belongs to no run that can be told: resumption skips it
-        and pruning never deletes it, so it is left where it is, with a warning,
-        and never refuses the directory.
-        """
-        mine = self.main_loop.run_id
-        folders = list_checkpoints(self.directory)
-        best = os.path.join(self.directory, BEST)
-        if os.path.isdir(best):
-            folders.append(best)
-        others = []
-        for path in folders:
-            try:
-                run = read_manifest(path).get("run_id")
-            except CheckpointError as error:
-                logger.warning(DAMAGED_LEFT.format(error=error))
-                continue
-            if run != mine:
-                others.append(path)
-        return others
+    def _distributed(self) -> bool:
+        return is_distributed(self.main_loop.kvstore)
 
     def after_training(self) -> None:
-        """Fire the ``after_training`` conditions (a save, by default), then release the lock."""
+        """Fire the ``after_training`` conditions (a save, by default), then release the lock.
+
+        In distributed training the save on interruption is made here, at the
+        same point on every worker (whether a signal cut training short is each
+        worker's own reading of its stop).
+        """
         try:
             super().after_training()
+            if self._distributed() and {"after_training", "on_interrupt"} & set(self.conditions):
+                self._points.gather(self.main_loop)
+                if self._interrupted:
+                    self.save()
         finally:
+            self._interrupted = False
             self._lock.release()
 
     def on_error(self, exception: BaseException) -> None:
@@ -300,7 +283,10 @@ class Checkpoint(Extension):
 
     # --------------------------------------------------------------- firing
     def do(self, which_callback: str, *args: Any) -> None:
-        """Save a checkpoint (see :meth:`save`)."""
+        """Save a checkpoint (:meth:`save`; on interruption in distributed training, later)."""
+        if which_callback == "on_interrupt" and self._distributed():
+            self._interrupted = True
+            return
         self.save()
 
     def after_batch(self, batch: Any) -> None:
@@ -336,6 +322,9 @@ class Checkpoint(Extension):
         """
         loop = self.main_loop
         status = loop.status
+        rank_states = self._points.gather(loop)  # every worker, at every save
+        if status.rank != 0:
+            return None
         row = loop.log.current_row
         if NAN_DETECTED in row:
             logger.warning("not saving a checkpoint: %s is not finite", row[NAN_DETECTED])
@@ -347,13 +336,19 @@ class Checkpoint(Extension):
         path = os.path.join(
             self.directory, checkpoint_name(sequence, status.epochs_done, status.iterations_done)
         )
-        self._write(path, sequence, record=CHECKPOINT_SAVED_TO)
+        self._write(path, sequence, CHECKPOINT_SAVED_TO, rank_states)
         logger.info("checkpoint saved to %s", path)
         self._prune()
         return path
 
-    def _write(self, path: str, sequence: Optional[int], record: Optional[str]) -> None:
-        """Write the loop's state to ``path``.
+    def _write(
+        self,
+        path: str,
+        sequence: Optional[int],
+        record: Optional[str],
+        rank_states: Optional[List[Dict[str, Any]]],
+    ) -> None:
+        """Write the loop's state (and every worker's own: ``rank_states``) to ``path``.
 
         The row's ``record`` holds ``path`` in the saved log, and stays in the
         live log only when the write succeeded.
@@ -367,10 +362,12 @@ class Checkpoint(Extension):
             row[record] = path
             self.sequence, self.last_saved = sequence or self.sequence, path
             self._last_counters = _counters(status)
-        seed = zlib.crc32(f"{status.iterations_done}:{status.epochs_done}".encode()) & 0x7FFFFFFF
+        seed = mxnet_seed(status)
         try:
             state = loop.state_dict()
             state["mxnet_seed"] = seed
+            if rank_states is not None:
+                state["rank_states"] = rank_states
             arg, aux = loop.get_params()
             write_checkpoint(
                 path,
@@ -405,8 +402,11 @@ class Checkpoint(Extension):
         return True
 
     def _save_best(self) -> None:
+        rank_states = self._points.gather(self.main_loop)
+        if self.main_loop.status.rank != 0:
+            return
         path = os.path.join(self.directory, BEST)
-        self._write(path, None, record=None)
+        self._write(path, None, None, rank_states)
         logger.info("best %s = %g: saved to %s", self.save_best_of, self.best.value, path)
 
     def _prune(self) -> None:
@@ -415,7 +415,7 @@ class Checkpoint(Extension):
         mine = [
             path
             for path in list_checkpoints(self.directory)
-            if self._run_of(path) == self.main_loop.run_id
+            if run_of(path) == self.main_loop.run_id
         ]
         for path in mine[: -self.keep_last]:
             remove_checkpoint(path)

@@ -22,7 +22,12 @@ import mxnet as mx
 from ..checkpoint import CheckpointContents
 from ..data.position import DataPosition
 from ..distributed.servers import is_distributed
-from ..distributed.workers import allreduce_sums, check_equal_steps, exit_after_error
+from ..distributed.workers import (
+    allreduce_sums,
+    check_equal_steps,
+    check_same_checkpoint,
+    exit_after_error,
+)
 from ..executor_manager import check_contexts
 from ..executor_manager.pacing import DEFAULT_MAX_BATCHES_AHEAD, Pacer, check_max_batches_ahead
 from ..extensions.base import Extension
@@ -103,6 +108,9 @@ class MainLoop(LoopQueries):
         it left off (:mod:`mxoid.main_loop.state`: the training iterator must be
         built as for the interrupted run); ``on_resumption`` fires instead of
         ``before_training``. What it accepts: :mod:`mxoid.main_loop.resumption`.
+        In distributed training every worker reads the one checkpoint rank 0
+        wrote (a shared file system) and takes its own iterator position and
+        random states from it (:mod:`mxoid.main_loop.ranks`).
     exit_on_interrupt : bool, default True
         After Ctrl-C or SIGTERM has stopped training cleanly, exit with status
         128 + signal number and a message saying how to resume (False: return).
@@ -167,7 +175,7 @@ class MainLoop(LoopQueries):
     evaluated, saved and returned is one network; a mid-epoch evaluation or
     checkpoint therefore changes the statistics the rest of the epoch starts
     from (on one device nothing). With a distributed kvstore each worker keeps
-    its own statistics; rank 0's are saved.
+    its own statistics; rank 0's are saved (and every worker resumes with them).
 
     Examples
     --------
@@ -231,7 +239,7 @@ class MainLoop(LoopQueries):
             self._pacer = Pacer.of_training(self.manager, self.max_batches_ahead)
             kv, on_kvstore = create_kvstore(kvstore, len(self.contexts), update_on_kvstore)
             self._collective = is_distributed(kv)
-            checkpoint = self._checkpoint_to_resume(resume_from, on_kvstore)
+            checkpoint = self._checkpoint_to_resume(resume_from, on_kvstore, kv)
             initial = set_initial_params(
                 self.manager, symbol, initializer, arg_params, aux_params, allow_extra, checkpoint
             )
@@ -249,6 +257,7 @@ class MainLoop(LoopQueries):
             self.update_on_kvstore = self.update.update_on_kvstore
             if self._collective:
                 check_equal_steps(kv, train_data)
+                check_same_checkpoint(kv, checkpoint and checkpoint.identity)
             self._attach_extensions(kv)
             if checkpoint is not None:
                 self.load_state_dict(checkpoint)
@@ -265,7 +274,10 @@ class MainLoop(LoopQueries):
         self._stop_everywhere = False
 
     def _checkpoint_to_resume(
-        self, resume_from: Optional[os.PathLike[str] | str], on_kvstore: bool
+        self,
+        resume_from: Optional[os.PathLike[str] | str],
+        on_kvstore: bool,
+        kv: Optional[mx.kv.KVStore],
     ) -> Optional[CheckpointContents]:
         return choose_checkpoint(
             resume_from,
@@ -276,6 +288,8 @@ class MainLoop(LoopQueries):
             update_on_kvstore=on_kvstore,
             accumulate_batches=self.accumulate_batches,
             states_on_servers=self._collective and on_kvstore,
+            rank=kv.rank if self._collective else 0,
+            num_workers=kv.num_workers if self._collective else 1,
         )
 
     def _attach_extensions(self, kv: Optional[mx.kv.KVStore]) -> None:

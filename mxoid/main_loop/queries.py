@@ -12,6 +12,7 @@ import mxnet as mx
 import numpy as np
 
 from .accumulation import pending_gradients
+from .ranks import gather_rank_states
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..executor_manager import DataParallelExecutorManager
@@ -82,6 +83,15 @@ class LoopQueries:
         """
         gluon = getattr(self, "gluon", None)
         return {} if gluon is None else gluon.checkpoint_files(arg_params, aux_params)
+
+    def gather_rank_states(self, mxnet_seed: int) -> Optional[List[Dict[str, Any]]]:
+        """Return every worker's random states and iterator position, in rank order.
+
+        A collective call in distributed training, which every worker makes at
+        the same batch (:func:`mxoid.main_loop.ranks.gather_rank_states`); None
+        on one worker. ``mxnet_seed``: the seed this worker gives MXNet there.
+        """
+        return gather_rank_states(self, mxnet_seed)  # type: ignore[arg-type]
 
     def optimizer_states(self) -> Optional[bytes]:
         """Return the optimizer and its states as MXNet dumps them (None: on the servers)."""

@@ -19,6 +19,7 @@ from ..checkpoint.format import CheckpointContents, CheckpointError, ResumeError
 from ..data.position import DataPosition
 from ..executor_manager import DataParallelExecutorManager
 from ..executor_manager.initialization import parameter_shapes, shape_differences
+from .ranks import rank_entry
 
 __all__ = ["check_resumable", "choose_checkpoint"]
 
@@ -33,6 +34,8 @@ def choose_checkpoint(
     update_on_kvstore: bool,
     accumulate_batches: int,
     states_on_servers: bool,
+    rank: int = 0,
+    num_workers: int = 1,
 ) -> Optional[CheckpointContents]:
     """Return the checkpoint ``resume_from`` names that can resume this loop (None: start anew).
 
@@ -52,6 +55,8 @@ def choose_checkpoint(
             update_on_kvstore=update_on_kvstore,
             accumulate_batches=accumulate_batches,
             states_on_servers=states_on_servers,
+            rank=rank,
+            num_workers=num_workers,
         ),
     )
 
@@ -65,11 +70,14 @@ def check_resumable(
     update_on_kvstore: bool,
     accumulate_batches: int,
     states_on_servers: bool,
+    rank: int = 0,
+    num_workers: int = 1,
 ) -> None:
     """Raise when ``contents`` cannot resume the loop training ``symbol`` on ``manager``.
 
     ``states_on_servers``: a distributed kvstore updates, so the checkpoint holds no
-    optimizer states.
+    optimizer states. ``rank`` of ``num_workers``: this worker's, whose own
+    iterator position (:func:`~mxoid.main_loop.ranks.rank_entry`) is checked.
 
     :class:`ResumeError` when it is of another training (the network,
     devices, where the optimizer runs, the batch size, the data);
@@ -126,4 +134,4 @@ def check_resumable(
             f"checkpoint {where} is damaged: it lacks optimizer.states "
             "(the momentum and update counts)"
         )
-    data_position.check(state["data_position"], where)
+    data_position.check(rank_entry(state, rank, num_workers, where)["data_position"], where)

@@ -6,7 +6,9 @@ and more); :func:`restore_loop_state` is what :meth:`~mxoid.MainLoop.load_state_
 does with a checkpoint: it gives back the loop's parts, the log and status, the
 extensions (through the dispatcher), the optimizer step (``loop.update``, with
 :func:`given_settings_win`: the resume policy), the training iterator's
-position, the random states and the gradients of an unfinished accumulation group.
+position, the random states and the gradients of an unfinished accumulation group
+(in distributed training, this worker's own position and random states:
+:mod:`.ranks`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..checkpoint.random_state import get_random_states, set_random_states
 from ..log.files import RESUMED_FROM
 from ..log.records import plain_value
 from .accumulation import restore_gradients
+from .ranks import rank_entry, warn_inexact
 
 if TYPE_CHECKING:  # pragma: no cover
     from .loop import MainLoop
@@ -106,15 +109,17 @@ def restore_loop_state(loop: MainLoop, checkpoint: CheckpointContents, stackleve
         loop.dispatcher.load_state_dict(state["extensions"])
     except ValueError as error:
         raise CheckpointError(f"checkpoint {checkpoint.path}: {error}") from None
+    own = rank_entry(state, status.rank, status.num_workers, checkpoint.path)
     loop.data_position.restore(
-        state["data_position"],
+        own["data_position"],
         status.epochs_done,
         status.epoch_started,
         status.iterations_done_in_epoch,
     )
-    set_random_states(state["random"])
-    if state.get("mxnet_seed") is not None:
-        mx.random.seed(int(state["mxnet_seed"]))
+    set_random_states(own["random"])
+    if own.get("mxnet_seed") is not None:
+        mx.random.seed(int(own["mxnet_seed"]))
+    warn_inexact(loop, state, checkpoint.path, stacklevel)
     loop.resumed_from = checkpoint.path
     logger.info(
         "resumed from %s after %d epochs, %d batches",
