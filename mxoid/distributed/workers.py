@@ -71,7 +71,7 @@ DIFFERENT_CHECKPOINTS = (
     "give every worker the same resume_from"
 )
 _JSON_CHUNK = 1 << 16  # float64 values an allgather_json call carries at most
-_BYTES_PER_VALUE = 6  # 48-bit integers: exact in a float64
+_BYTES_PER_VALUE = 3  # 24-bit integers: exact even where the servers hold float32 copies
 NOT_SET_UP = (
     "this kvstore has no mxoid servers set up yet: create the MainLoop (or call "
     "set_server_optimizer) before reducing across workers, so that reduction keys are "
@@ -152,7 +152,8 @@ def allgather_json(kvstore: Optional[mx.kv.KVStore], name: str, value: Any) -> L
 
     A collective call, like :func:`allgather`: every worker must make it, in
     the same order, with the same ``name``; the values may differ in size.
-    The JSON text travels as 6 bytes per float64 (exactly), first its length,
+    The JSON text travels as 3 bytes per value (exactly: the servers may
+    update float32 copies of float64 arrays), first its length,
     then in calls of at most 65536 values (the kvstore never splits them
     across servers); sizes are rounded up to powers of two, so few reduction
     keys are ever created. Without a distributed kvstore it returns ``[value]``.
@@ -162,7 +163,7 @@ def allgather_json(kvstore: Optional[mx.kv.KVStore], name: str, value: Any) -> L
     data = json.dumps(value, separators=(",", ":")).encode()
     lengths = [int(n) for n in allgather(kvstore, f"{name}/length", [len(data)])[:, 0]]
     needed = max(1, -(-max(lengths) // _BYTES_PER_VALUE))
-    limit = min(_JSON_CHUNK, _BIGARRAY_BOUND // kvstore.num_workers - 1)
+    limit = min(_JSON_CHUNK, _BIGARRAY_BOUND // kvstore.num_workers - 2)
     size = min(1 << (limit.bit_length() - 1), 1 << max(6, (needed - 1).bit_length()))
     packed = _pack(data)
     parts = []
@@ -176,7 +177,7 @@ def allgather_json(kvstore: Optional[mx.kv.KVStore], name: str, value: Any) -> L
 
 
 def _pack(data: bytes) -> np.ndarray:
-    """Return ``data`` as float64 values, 6 bytes (a 48-bit integer) each."""
+    """Return ``data`` as float64 values, 3 bytes (a 24-bit integer) each."""
     padded = np.frombuffer(data + b"\0" * (-len(data) % _BYTES_PER_VALUE), dtype=np.uint8)
     values = np.zeros(len(padded) // _BYTES_PER_VALUE, dtype=np.uint64)
     for column in padded.reshape(-1, _BYTES_PER_VALUE).T.astype(np.uint64):

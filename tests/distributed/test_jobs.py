@@ -7,7 +7,6 @@ on each worker's shard of a validation set. The helpers of
 tested in this process.
 """
 
-import json
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import dist_worker  # noqa: E402
-from jobs import job_environment, run_job  # noqa: E402
+from jobs import job_environment, results, run_job  # noqa: E402
 
 WORKER = [sys.executable, SCRIPTS / "dist_worker.py"]
 SECONDS_TO_STOP = 20  # from the failure to the launcher's return, on a loaded 2-core machine
@@ -59,14 +58,6 @@ def one_process():
     params = {name: value.asnumpy() for name, value in loop.get_params()[0].items()}
     records = {str(iteration): dict(row) for iteration, row in loop.log.items()}
     return params, records
-
-
-def results(out):
-    """Per rank: (the worker's JSON report, its final parameters)."""
-    return [
-        (json.loads((out / f"rank{rank}.json").read_text()), dict(np.load(out / f"rank{rank}.npz")))
-        for rank in range(2)
-    ]
 
 
 def evaluation_records(report):

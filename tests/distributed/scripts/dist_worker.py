@@ -21,13 +21,16 @@ from mxoid import Checkpoint, Evaluate, Extension, FinishAfter, JSONLinesLog, Ma
 from mxoid.distributed.sharding import shard, shard_arrays
 
 OPTIMIZER_PARAMS = {"learning_rate": 0.1, "momentum": 0.9, "wd": 1e-3}
+ADAM_PARAMS = {"learning_rate": 0.01, "wd": 1e-3}
 
 
-def network() -> mx.sym.Symbol:
+def network(dropout: float = 0.0) -> mx.sym.Symbol:
     data = mx.sym.Variable("data")
     hidden = mx.sym.Activation(
         mx.sym.FullyConnected(data, num_hidden=16, name="fc1"), act_type="relu"
     )
+    if dropout:  # draws MXNet random numbers: each worker's own
+        hidden = mx.sym.Dropout(hidden, p=dropout)
     return mx.sym.SoftmaxOutput(
         mx.sym.FullyConnected(hidden, num_hidden=3, name="fc2"), name="softmax"
     )
@@ -127,6 +130,11 @@ def main(argv=None) -> None:
     parser.add_argument("--log", help="a JSONLinesLog path")
     parser.add_argument("--accumulate", type=int, default=1, help="accumulate_batches")
     parser.add_argument("--update-on-workers", action="store_true", help="update_on_kvstore=False")
+    parser.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd")
+    parser.add_argument("--shuffle", action="store_true", help="each rank shuffles its shard")
+    parser.add_argument("--dropout", type=float, default=0.0)
+    parser.add_argument("--checkpoint-every", type=int, default=5, help="batches between saves")
+    parser.add_argument("--resume-from", help="MainLoop's resume_from")
     args = parser.parse_args(argv)
 
     kv = mx.kv.create(args.kvstore)
@@ -134,6 +142,9 @@ def main(argv=None) -> None:
     if args.raise_after_create_on_rank == kv.rank:
         raise ValueError(f"cannot load the data on rank {kv.rank} (on purpose)")
     X, y = data(200, seed=0)
+    if args.shuffle:  # every rank its own shuffle: its own NumPy random state
+        np.random.seed(100 + kv.rank)
+        mx.random.seed(200 + kv.rank)
     if args.unequal:
         X, y = shard_arrays([X, y], kv)
         keep = len(X) - (30 if kv.rank == 1 else 0)
@@ -141,7 +152,14 @@ def main(argv=None) -> None:
             X[:keep], y[:keep], batch_size=args.batch_size, label_name="softmax_label"
         )
     else:
-        train = shard(X, y, kvstore=kv, batch_size=args.batch_size, label_name="softmax_label")
+        train = shard(
+            X,
+            y,
+            kvstore=kv,
+            batch_size=args.batch_size,
+            label_name="softmax_label",
+            shuffle=args.shuffle,
+        )
     valid = shard(*data(60, seed=5), kvstore=kv, batch_size=10, label_name="softmax_label")
     extensions = [
         FinishAfter(after_n_epochs=args.epochs),
@@ -158,21 +176,23 @@ def main(argv=None) -> None:
     if args.delay:
         extensions.append(Slow(args.delay))
     if args.checkpoint:
-        extensions.append(Checkpoint(args.checkpoint, every_n_batches=5))
+        extensions.append(Checkpoint(args.checkpoint, every_n_batches=args.checkpoint_every))
     if args.log:
         extensions.append(JSONLinesLog(args.log))
     contexts = "cpu" if args.bad_argument_on_rank == kv.rank else None
+    adam = args.optimizer == "adam"
     loop = MainLoop(
-        network(),
+        network(args.dropout),
         train,
-        optimizer="sgd",
-        optimizer_params=dict(OPTIMIZER_PARAMS),
+        optimizer=args.optimizer,
+        optimizer_params=dict(ADAM_PARAMS if adam else OPTIMIZER_PARAMS),
         arg_params=initial_params(),
         kvstore=kv,
         extensions=extensions,
         contexts=contexts,
         accumulate_batches=args.accumulate,
         update_on_kvstore=False if args.update_on_workers else None,
+        resume_from=args.resume_from,
     )
     loop.run()
 

@@ -5,11 +5,14 @@ test), so that a scan of ``/proc`` finds any of them still alive afterwards.
 """
 
 import contextlib
+import json
 import os
 import signal
 import time
 import uuid
 from pathlib import Path
+
+import numpy as np
 
 from mxoid.distributed.launch import launch
 
@@ -112,3 +115,11 @@ def run_job(tmp_path, command, workers=2, servers=1, timeout=90, grace=1.0, **op
         )
     ended = time.time()
     return Job(status, out_path.read_text(), err_path.read_text(), time.monotonic() - start, ended)
+
+
+def results(out, workers=2):
+    """Per rank: (the dist_worker.py report ``rank<r>.json``, its final parameters)."""
+    return [
+        (json.loads((out / f"rank{rank}.json").read_text()), dict(np.load(out / f"rank{rank}.npz")))
+        for rank in range(workers)
+    ]
