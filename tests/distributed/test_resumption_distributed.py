@@ -5,8 +5,8 @@ server under ``mxoid launch``: ``dist_sync`` with the optimizer on the workers
 (``update_on_kvstore=False``, so rank 0's checkpoints hold its states), every
 rank shuffling its own shard with its own NumPy seed, dropout drawing each
 rank's own MXNet random numbers, a Checkpoint every 4 batches. A worker, the
-launcher or a server is SIGKILLed in the second epoch (after batch 13, so the
-newest checkpoint is batch 12's, mid-epoch); the same command relaunched with
+launcher or a server is SIGKILLed in the second epoch, once batch 12's
+checkpoint is written (mid-epoch); the same command relaunched with
 ``--resume-from`` must end with the parameters of the uninterrupted job, bit
 for bit, on both ranks.
 """
@@ -32,7 +32,7 @@ pytestmark = pytest.mark.adversarial
 
 WORKER = [sys.executable, SCRIPTS / "dist_worker.py"]
 EXACT = ["--update-on-workers", "--shuffle", "--dropout", "0.2", "--checkpoint-every", "4"]
-KILLED_AFTER = 13  # batches: the newest checkpoint is then batch 12's, in epoch 2 of 2
+BATCH_12 = "checkpoint-*-epoch0001-batch00000012"  # a checkpoint's folder: mid-epoch 2 of 2
 SECONDS = 60  # a generous bound for any one step of these tests on a loaded machine
 
 _uninterrupted = {}  # optimizer -> (rank 0's parameters, rank 1's)
@@ -62,10 +62,11 @@ def uninterrupted(tmp_path_factory, optimizer):
 
 
 def resume_and_compare(tmp_path_factory, tmp_path, optimizer, directory):
-    """Relaunch the job from ``directory``'s batch-12 checkpoint; compare it with the
-    uninterrupted job on both ranks."""
+    """Relaunch the job from ``directory``'s newest checkpoint (mid-epoch 2); compare it with
+    the uninterrupted job on both ranks."""
     saved = latest_checkpoint(str(directory))
-    assert saved.loop_state["status"]["iterations_done"] == 12
+    status = saved.loop_state["status"]
+    assert status["iterations_done"] in (12, 16) and status["epoch_started"], status
     assert saved.optimizer_states is not None  # the workers' optimizer: its states are saved
     own = saved.loop_state["rank_states"]  # each rank's own random states and position
     assert len(own) == 2 and own[0]["data_position"] != own[1]["data_position"]
@@ -84,78 +85,62 @@ def resume_and_compare(tmp_path_factory, tmp_path, optimizer, directory):
             assert np.array_equal(params[name], reference[name]), (rank, name)
 
 
-def launch_in_background(out, directory, optimizer):
-    """Start ``python -m mxoid.distributed.launch`` on the job; return it once a worker has
-    trained batch ``KILLED_AFTER``."""
+def role(pid):
+    """'server', 'worker' or None: the role of process ``pid`` of a launched job."""
+    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+        if b"\0--role\0server" in cmdline.read():  # launch --role server
+            return "server"
+    with open(f"/proc/{pid}/environ", "rb") as environ:
+        return "worker" if b"DMLC_ROLE=worker" in environ.read().split(b"\0") else None
+
+
+def kill_mid_epoch(out, directory, optimizer, victim, marker):
+    """Run the job under ``python -m mxoid.distributed.launch`` and SIGKILL ``victim`` (the
+    launcher, one worker or the server) once batch 12's checkpoint is written, in the second
+    epoch; return the launcher's status and output once every process has ended."""
     launcher = subprocess.Popen(
         [sys.executable, "-m", "mxoid.distributed.launch", "-n", "2", "--timeout", "120", "--"]
         + [str(part) for part in command(out, directory, optimizer)]
-        + ["--delay", "0.1"],
+        + ["--delay", "0.2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
-    deadline = time.monotonic() + SECONDS
-    seen = []
-    while time.monotonic() < deadline:
-        line = launcher.stdout.readline()
-        seen.append(line)
-        if f"BATCH {KILLED_AFTER}" in line or not line:
-            break
-    assert f"BATCH {KILLED_AFTER}" in seen[-1], "".join(seen)
-    return launcher
-
-
-def is_server(pid):
-    """Whether process ``pid`` is a parameter server (``launch --role server``)."""
-    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-        return b"\0--role\0server" in cmdline.read()
-
-
-def wait_for_no_process(marker):
-    deadline = time.monotonic() + SECONDS
-    while marked_processes(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not marked_processes(marker)
-
-
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_sigkill_of_one_worker_mid_epoch_then_resumption_is_exact(
-    tmp_path_factory, tmp_path, job_env, optimizer
-):
-    directory = tmp_path / "checkpoints"
-    killed = tmp_path / "killed"
-    killed.mkdir()
-    job = run_job(
-        killed,
-        command(killed, directory, optimizer) + ["--act", "kill", "--act-at", str(KILLED_AFTER)],
-    )
-    assert job.status == 128 + signal.SIGKILL, job
-    assert "was killed by SIGKILL" in job.stderr.strip().splitlines()[-1], job
-    resume_and_compare(tmp_path_factory, tmp_path, optimizer, directory)
-
-
-@pytest.mark.parametrize("victim, optimizer", [("launcher", "sgd"), ("server", "adam")])
-def test_sigkill_of_the_launcher_or_a_server_then_resumption_is_exact(
-    tmp_path_factory, tmp_path, job_env, victim, optimizer
-):
-    directory = tmp_path / "checkpoints"
-    killed = tmp_path / "killed"
-    killed.mkdir()
-    launcher = launch_in_background(killed, directory, optimizer)
     try:
+        deadline = time.monotonic() + SECONDS
+        while not list(directory.glob(BATCH_12)) and time.monotonic() < deadline:
+            assert launcher.poll() is None, launcher.communicate()[0]
+            time.sleep(0.02)
         if victim == "launcher":
             launcher.kill()
         else:
-            (server,) = [pid for pid in marked_processes(job_env) if is_server(pid)]
-            os.kill(server, signal.SIGKILL)
+            pids = [pid for pid in marked_processes(marker) if role(pid) == victim]
+            os.kill(max(pids), signal.SIGKILL)  # a worker: either rank
         output, _ = launcher.communicate(timeout=SECONDS)
     finally:
         if launcher.poll() is None:
             launcher.kill()
             launcher.communicate()
-    assert launcher.returncode != 0, output
-    wait_for_no_process(job_env)  # the launcher's processes die with it (or end the job)
+    deadline = time.monotonic() + SECONDS
+    while marked_processes(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not marked_processes(marker), output  # no process outlives the job
+    return launcher.returncode, output
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("victim", ["worker", "launcher", "server"])
+def test_sigkill_mid_epoch_then_resumption_is_exact_on_both_ranks(
+    tmp_path_factory, tmp_path, job_env, victim, optimizer
+):
+    directory = tmp_path / "checkpoints"
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    status, output = kill_mid_epoch(killed, directory, optimizer, victim, job_env)
+    expected = {"launcher": -signal.SIGKILL, "worker": 128 + signal.SIGKILL, "server": 1}
+    assert status == expected[victim], output
+    if victim != "launcher":
+        assert f"mxoid launch: {victim} " in output and "SIGKILL" in output, output
     assert not list(killed.glob("rank*.json")), output  # nobody finished
     resume_and_compare(tmp_path_factory, tmp_path, optimizer, directory)
 
@@ -178,3 +163,24 @@ def test_resuming_with_the_optimizer_on_the_servers_warns(tmp_path, job_env, kvs
     for text in expected:
         assert text in job.stderr, job
     assert job.stderr.count("UserWarning: resuming from") == 1, job  # rank 0 only
+
+
+def test_workers_that_would_resume_from_different_checkpoints_fail_together(tmp_path, job_env):
+    """A worker that cannot see rank 0's checkpoint (here: rank 1 is given none) would start
+    anew: every worker refuses, saying what each found and what is needed."""
+    directory, first, second = tmp_path / "checkpoints", tmp_path / "first", tmp_path / "second"
+    first.mkdir(), second.mkdir()
+    options = ["--update-on-workers", "--checkpoint", directory]
+    job = run_job(first, WORKER + ["--out", first, "--epochs", "1", *options])
+    assert job.status == 0, job
+    resumed = ["--epochs", "2", "--resume-from", directory, "--resume-only-on-rank", "0"]
+    job = run_job(second, WORKER + ["--out", second, *options, *resumed], grace=3.0)
+    assert job.status == 1, job
+    for worker in ("[worker 0]", "[worker 1]"):
+        assert any(
+            line.startswith(worker) and "would resume from different checkpoints" in line
+            for line in job.stderr.splitlines()
+        ), job
+    assert "rank 1: none (a new run)" in job.stderr, job
+    assert "a file system every host shares" in job.stderr, job
+    assert not list(second.glob("rank*.npz")), job

@@ -135,6 +135,9 @@ def main(argv=None) -> None:
     parser.add_argument("--dropout", type=float, default=0.0)
     parser.add_argument("--checkpoint-every", type=int, default=5, help="batches between saves")
     parser.add_argument("--resume-from", help="MainLoop's resume_from")
+    parser.add_argument(
+        "--resume-only-on-rank", type=int, help="the other ranks pass no resume_from"
+    )
     args = parser.parse_args(argv)
 
     kv = mx.kv.create(args.kvstore)
@@ -192,7 +195,7 @@ def main(argv=None) -> None:
         contexts=contexts,
         accumulate_batches=args.accumulate,
         update_on_kvstore=False if args.update_on_workers else None,
-        resume_from=args.resume_from,
+        resume_from=None if args.resume_only_on_rank not in (None, kv.rank) else args.resume_from,
     )
     loop.run()
 
