@@ -98,6 +98,9 @@ class MainLoop(LoopQueries):
         How gradients from several devices (or workers) are summed.
     update_on_kvstore : bool, optional
         Where the optimizer runs; see :func:`mxoid.update.create_kvstore`.
+        False with ``dist_sync`` (the workers run it) makes resumption exact:
+        the checkpoints then hold the optimizer states, which the servers'
+        optimizer (the default of a dist kvstore) loses.
     work_load_list : list of float, optional
         Relative share of each device in a batch.
     extensions : sequence of Extension
