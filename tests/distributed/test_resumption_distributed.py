@@ -61,7 +61,7 @@ def uninterrupted(tmp_path_factory, optimizer):
     return _uninterrupted[optimizer]
 
 
-def resume_and_compare(tmp_path_factory, tmp_path, optimizer, directory):
+def resume_and_compare(tmp_path_factory, tmp_path, optimizer, directory, servers=1):
     """Relaunch the job from ``directory``'s newest checkpoint (mid-epoch 2); compare it with
     the uninterrupted job on both ranks."""
     saved = latest_checkpoint(str(directory))
@@ -74,7 +74,8 @@ def resume_and_compare(tmp_path_factory, tmp_path, optimizer, directory):
 
     out = tmp_path / "resumed"
     out.mkdir()
-    job = run_job(out, command(out, directory, optimizer) + ["--resume-from", directory])
+    resumed = command(out, directory, optimizer) + ["--resume-from", directory]
+    job = run_job(out, resumed, servers=servers)
     assert job.status == 0, job
     resumed = [report["status"]["iterations_done"] for report, _ in results(out)]
     assert resumed == [20, 20]
@@ -94,12 +95,13 @@ def role(pid):
         return "worker" if b"DMLC_ROLE=worker" in environ.read().split(b"\0") else None
 
 
-def kill_mid_epoch(out, directory, optimizer, victim, marker):
+def kill_mid_epoch(out, directory, optimizer, victim, marker, servers=1):
     """Run the job under ``python -m mxoid.distributed.launch`` and SIGKILL ``victim`` (the
-    launcher, one worker or the server) once batch 12's checkpoint is written, in the second
+    launcher, one worker or one server) once batch 12's checkpoint is written, in the second
     epoch; return the launcher's status and output once every process has ended."""
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "mxoid.distributed.launch", "-n", "2", "--timeout", "120", "--"]
+        [sys.executable, "-m", "mxoid.distributed.launch", "-n", "2", "-s", str(servers)]
+        + ["--timeout", "120", "--"]
         + [str(part) for part in command(out, directory, optimizer)]
         + ["--delay", "0.2"],
         stdout=subprocess.PIPE,
@@ -143,6 +145,19 @@ def test_sigkill_mid_epoch_then_resumption_is_exact_on_both_ranks(
         assert f"mxoid launch: {victim} " in output and "SIGKILL" in output, output
     assert not list(killed.glob("rank*.json")), output  # nobody finished
     resume_and_compare(tmp_path_factory, tmp_path, optimizer, directory)
+
+
+def test_sigkill_of_one_of_two_servers_then_resumption_is_exact(
+    tmp_path_factory, tmp_path, job_env
+):
+    """Two servers, each holding half of the arrays: the same parameters as with one (the
+    sum of two workers' gradients does not depend on the order), after the resumption."""
+    directory = tmp_path / "checkpoints"
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    status, output = kill_mid_epoch(killed, directory, "adam", "server", job_env, servers=2)
+    assert status == 1 and "mxoid launch: server " in output, output
+    resume_and_compare(tmp_path_factory, tmp_path, "adam", directory, servers=2)
 
 
 @pytest.mark.parametrize("kvstore", ["dist_sync", "dist_async"])
