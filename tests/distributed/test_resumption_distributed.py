@@ -1,7 +1,7 @@
 """Exact resumption of a distributed job after a SIGKILL (issue 31, item 3).
 
 Each job runs tests/distributed/scripts/dist_worker.py on two workers and one
-server under ``mxoid launch``: ``dist_sync`` with the optimizer on the workers
+server (or two) under ``mxoid launch``: ``dist_sync`` with the optimizer on the workers
 (``update_on_kvstore=False``, so rank 0's checkpoints hold its states), every
 rank shuffling its own shard with its own NumPy seed, dropout drawing each
 rank's own MXNet random numbers, a Checkpoint every 4 batches. A worker, the
