@@ -178,8 +178,8 @@ class _ValidationRecords:
         class ValidationRecords(Extension):
             def after_epoch(self) -> None:
                 log = self.main_loop.log
-                accuracy, loss = log.last("valid_accuracy"), log.last("valid_loss")
-                epochs.append({"accuracy": accuracy, "loss": loss, "samples": samples})
+                entry = {k: float(log.last(f"valid_{k}")) for k in ("accuracy", "loss")}
+                epochs.append({**entry, "samples": samples})
 
         return ValidationRecords(name="benchmark_validation", priority=1e9)
 
@@ -241,8 +241,10 @@ def estimator(spec, train_iter, init, clock):
 
         def epoch_end(self, estimator, *args, **kwargs):
             found = dict(metric.get() for metric in estimator.val_metrics)
-            entry = {"accuracy": found["validation accuracy"], "loss": found["validation loss"]}
-            entry["samples"] = estimator.val_metrics[0].num_inst
+            # float(): with NumPy 2 a metric's sums stay NumPy float32 scalars, which
+            # json cannot write (a partial validation.json)
+            entry = {k: float(found[f"validation {k}"]) for k in ("accuracy", "loss")}
+            entry["samples"] = int(estimator.val_metrics[0].num_inst)
             self.epochs.append(entry)
 
     ctxs = contexts(spec["contexts"])
