@@ -74,6 +74,10 @@ MOVED = {
     "mxoid.invoke": "mxoid.executor_manager.invoke",
     "mxoid.pacing": "mxoid.executor_manager.pacing",
     "mxoid.private_heads": "mxoid.executor_manager.private_heads",
+    # mxoid 0.4 -> 0.5: what the loop trains, behind one seam (mxoid.network)
+    "mxoid.gluon": "mxoid.network",
+    "mxoid.gluon.network": "mxoid.network.gluon",
+    "mxoid.main_loop.buckets": "mxoid.network.buckets",
 }
 """Old module names -> where the module lives now (``mxoid.launch`` is kept as a module of
 its own, for ``python -m mxoid.launch``; ``mxoid.main_loop``, ``mxoid.executor_manager`` and

@@ -19,6 +19,7 @@ from .checkpoint.loading import load_model
 from .executor_manager import DataParallelExecutorManager, ExecutorSet, output_short_name
 from .executor_manager.devices import check_contexts
 from .executor_manager.pacing import DEFAULT_MAX_BATCHES_AHEAD, Pacer, check_max_batches_ahead
+from .network import as_network
 
 __all__ = [
     "Predictor",
@@ -118,32 +119,31 @@ def predict_outputs(
 
 def predict_on(
     manager: DataParallelExecutorManager,
-    symbol: mx.sym.Symbol,
+    network: Any,
     iterator: mx.io.DataIter,
     outputs: Optional[Union[str, Sequence[str]]],
     max_batches_ahead: Union[int, str, None] = DEFAULT_MAX_BATCHES_AHEAD,
-    buckets: Any = None,
 ) -> Dict[str, np.ndarray]:
     """Run ``iterator`` forward through a training manager's network, as it stands now.
 
     What :meth:`mxoid.MainLoop.predict` does: the devices' BatchNorm statistics
     averaged first, the engine idle before and after, and each shape of batch
-    on an executor set of its own (:meth:`DataParallelExecutorManager.executor_set`);
-    with ``buckets`` (a loop's :class:`~mxoid.main_loop.buckets.Buckets`), a
-    batch of another bucket on its bucket's graph.
+    on an executor set of its own, which the network chooses
+    (:meth:`mxoid.network.Network.forward_set`: a bucket's batch on its
+    bucket's graph, a Gluon block's traced in predict mode). ``network``: the
+    loop's :class:`~mxoid.network.Network` (mxoid 0.4's ``buckets`` argument
+    is one), or a symbol, as mxoid 0.4 took it.
     """
+    network = as_network(network, None)
 
     def executors_for(batch: mx.io.DataBatch) -> ExecutorSet:
         data = list(zip(manager.data_names, batch.data))
-        key = getattr(batch, "bucket_key", None)
-        if buckets is None or key is None:
-            return manager.executor_set(*input_descs(symbol, data, manager.label_names))
-        # A bucket's batch says its labels' shapes (the graph may not tell them from the data).
-        graph = buckets.symbol(key, batch.provide_data, batch.provide_label)
-        descs = [mx.io.DataDesc(n, a.shape, a.dtype) for n, a in data], batch.provide_label
-        if key == buckets.default_key:
-            return manager.executor_set(*descs)
-        return manager.executor_set(*descs, symbol=graph, key=("predict", key, data[0][1].shape))
+        key = network.key_of(batch)
+        if key is None:
+            descs = input_descs(network.symbol, data, manager.label_names)
+        else:  # a graph's batch says its labels' shapes (the graph may not tell them)
+            descs = [mx.io.DataDesc(n, a.shape, a.dtype) for n, a in data], batch.provide_label
+        return network.forward_set(manager, *descs, key=key)
 
     manager.reconcile_aux_states()
     manager.synchronize()

@@ -19,10 +19,10 @@ FOLDERS = {
     "distributed",
     "executor_manager",
     "extensions",
-    "gluon",
     "log",
     "main_loop",
     "metrics",
+    "network",
     "update",
 }
 LONGEST_FUNCTION = 100
@@ -239,3 +239,74 @@ def test_the_command_and_the_launcher_start_without_loading_mxnet(module):
     code = f"import sys, {module}; print('mxnet' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.stdout.strip() == "False", done.stderr
+
+
+# What names a kind of network: a Gluon block, a sym_gen's buckets, their traced or keyed graphs.
+NETWORK_KINDS = {
+    "BucketNetwork",
+    "Buckets",
+    "GluonNetwork",
+    "HybridBlock",
+    "SymbolBlock",
+    "bucket_key",
+    "buckets",
+    "evaluation_symbol",
+    "gluon",
+    "is_block",
+    "sym_gen",
+}
+
+
+def _code_names(path):
+    """The names and attribute names a module's code uses (docstrings and comments aside)."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            yield node.id, node.lineno
+        elif isinstance(node, ast.Attribute):
+            yield node.attr, node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            parts = node.module.split(".")
+            if "gluon" in parts and "data" not in parts:  # a DataLoader is data, not a network
+                yield "gluon", node.lineno
+            if parts[-1] in ("buckets", "gluon") and "network" in parts:
+                yield parts[-1], node.lineno
+            for alias in node.names:
+                yield alias.name, node.lineno
+
+
+def test_only_the_network_room_knows_the_kinds_of_network():
+    """The loop, its extensions and inference ask ``loop.network``; none asks which kind it is."""
+    paths = [*(PACKAGE / "main_loop").glob("*.py"), *(PACKAGE / "extensions").glob("*.py")]
+    for path in [*paths, PACKAGE / "inference.py"]:
+        found = sorted(
+            {f"{name} (line {line})" for name, line in _code_names(path) if name in NETWORK_KINDS}
+        )
+        assert not found, f"{path.relative_to(PACKAGE)} refers to a kind of network: {found}"
+
+
+def test_the_network_room_holds_the_three_kinds_behind_one_seam():
+    from mxoid.network import BucketNetwork, GluonNetwork, Network
+
+    assert issubclass(BucketNetwork, Network) and issubclass(GluonNetwork, Network)
+    for name in ("graph", "forward_set", "training_set", "key_of", "give_back", "checkpoint_files"):
+        assert callable(getattr(Network, name)), name
+
+
+def test_the_loop_has_no_mixin_and_no_sibling_module_touches_its_private_attributes():
+    from mxoid import MainLoop
+
+    assert MainLoop.__bases__ == (object,)
+    for path in [*(PACKAGE / "main_loop").glob("*.py"), *(PACKAGE / "extensions").glob("*.py")]:
+        if path.name == "loop.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and isinstance(node.value, (ast.Name, ast.Attribute))
+                and (getattr(node.value, "id", None) or getattr(node.value, "attr", None))
+                in ("loop", "main_loop")
+            ):
+                raise AssertionError(f"{path.name}:{node.lineno} reads the loop's {node.attr}")

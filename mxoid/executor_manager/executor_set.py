@@ -82,6 +82,10 @@ class ExecutorSet:
     private_heads : sequence of mx.sym.Symbol
         Outputs for mxoid, bound after the symbol's (see
         :mod:`~mxoid.executor_manager.private_heads`).
+    head_owners : sequence of object, optional
+        Who asked for each private head, in their order (the extensions whose
+        :meth:`~mxoid.extensions.Extension.private_head` gave it): what
+        :meth:`private_output_of` answers them.
 
     Attributes
     ----------
@@ -115,9 +119,11 @@ class ExecutorSet:
         grad_req: str = "write",
         for_training: bool = True,
         private_heads: Sequence[mx.sym.Symbol] = (),
+        head_owners: Sequence[Any] = (),
     ) -> None:
         self.symbol = symbol
         self.shared = shared
+        self._head_of = {id(owner): index for index, owner in enumerate(head_owners)}
         # What the executors run: the symbol, and the private heads after its outputs.
         self._private = PrivateHeads(symbol, private_heads, for_training)
         self.bound_symbol = self._private.symbol
@@ -318,6 +324,11 @@ class ExecutorSet:
         # One prepared copy per input array and device, into its executor's array.
         self._data_copies = [[PreparedCopy(t) for t in ts] for ts in self._data_targets]
         self._label_copies = [[PreparedCopy(t) for t in ts] for ts in self._label_targets]
+
+    def private_output_of(self, owner: Any) -> Optional[List[mx.nd.NDArray]]:
+        """Return, per device, the output of the private head ``owner`` asked for, or None."""
+        index = self._head_of.get(id(owner))
+        return None if index is None else self.private_outputs[index]
 
     def same_inputs(
         self,

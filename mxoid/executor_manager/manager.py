@@ -11,17 +11,22 @@ from .executor_set import DataDescLike, ExecutorSet, as_descs
 from .initialization import check_fixed, fixed_gammas
 from .waiting import wait_for
 
-__all__ = ["DataParallelExecutorManager"]
+__all__ = ["DataParallelExecutorManager", "set_key"]
 ArrayLike = Union[mx.nd.NDArray, np.ndarray]
 
 
-def _set_key(
-    data_descs: Sequence[mx.io.DataDesc],
-    label_descs: Sequence[mx.io.DataDesc],
-    private_heads: Sequence[mx.sym.Symbol],
+def set_key(
+    data_shapes: Sequence[DataDescLike],
+    label_shapes: Optional[Sequence[DataDescLike]],
+    private_heads: Sequence[mx.sym.Symbol] = (),
 ) -> Tuple[Any, ...]:
-    """Return the key of an executor set bound for these inputs and heads."""
-    inputs = list(data_descs) + list(label_descs)
+    """Return the key of an executor set bound for these inputs and heads.
+
+    Their names, shapes and types, and the heads' graphs: the default key of
+    :meth:`DataParallelExecutorManager.executor_set`, and what a network adds
+    its graph's key to (:meth:`mxoid.network.Network.forward_set`).
+    """
+    inputs = as_descs(data_shapes) + as_descs(label_shapes)
     return tuple((d.name, tuple(d.shape), np.dtype(d.dtype).str) for d in inputs) + tuple(
         head.tojson() for head in private_heads
     )
@@ -76,6 +81,8 @@ class DataParallelExecutorManager:
     private_heads : sequence of mx.sym.Symbol, optional
         Extra outputs computed after the symbol's own, for mxoid's use (see
         :mod:`~mxoid.executor_manager.private_heads`), in :attr:`private_outputs`.
+    head_owners : sequence of object, optional
+        Who asked for each private head (:meth:`ExecutorSet.private_output_of`).
 
     Attributes
     ----------
@@ -118,6 +125,7 @@ class DataParallelExecutorManager:
         grad_req: str = "write",
         for_training: bool = True,
         private_heads: Sequence[mx.sym.Symbol] = (),
+        head_owners: Sequence[Any] = (),
     ) -> None:
         if grad_req not in ("write", "add"):
             raise ValueError(f"grad_req must be 'write' or 'add', got {grad_req!r}")
@@ -146,6 +154,7 @@ class DataParallelExecutorManager:
             grad_req=grad_req,
             for_training=for_training and shared_manager is None,
             private_heads=private_heads,
+            head_owners=head_owners,
         )
         self.current = self.training_set
         trained = self.training_set
@@ -161,7 +170,6 @@ class DataParallelExecutorManager:
         self._sets: Dict[Hashable, ExecutorSet] = {}
         self._fixed_gammas = fixed_gammas(symbol) if self.for_training else []
         self._grads_by_device: Optional[List[List[mx.nd.NDArray]]] = None
-        self.evaluation_symbol: Optional[mx.sym.Symbol] = None  # forward-only sets' graph
 
     # ------------------------------------------------------------ executor sets
     def executor_set(
@@ -173,27 +181,28 @@ class DataParallelExecutorManager:
         key: Optional[Hashable] = None,
         symbol: Optional[mx.sym.Symbol] = None,
         for_training: bool = False,
+        head_owners: Sequence[Any] = (),
     ) -> ExecutorSet:
         """Return the executor set for these inputs, bound on first use and cached.
 
         It shares the training set's parameter, gradient and auxiliary arrays
         and its memory pool. ``symbol``: another graph of the same parameters
-        (a bucket's, from ``sym_gen``); by default the manager's symbol, or for
-        forward passes its ``evaluation_symbol`` where one is set (a Gluon block
-        traced in predict mode: a branch on ``autograd.is_training()``).
-        ``for_training=True`` binds it for training too, with the gradients the
-        training set has (a bucket's set: use it with :meth:`use`). A set for
-        forward passes (``is_train=False``) only has gammas of its own where
-        BatchNorm has ``fix_gamma``
-        (:func:`~mxoid.executor_manager.initialization.fixed_gammas`: every
+        (a bucket's, from ``sym_gen``; a Gluon block traced in predict mode,
+        where it branches on ``autograd.is_training()``: which graph serves
+        which inputs is the loop's network's to say, :mod:`mxoid.network`);
+        by default the manager's symbol. ``for_training=True`` binds it for
+        training too, with the gradients the training set has (a bucket's
+        set: use it with :meth:`use`). A set for forward passes
+        (``is_train=False``) only has gammas of its own where BatchNorm has
+        ``fix_gamma`` (:func:`~mxoid.executor_manager.initialization.fixed_gammas`: every
         forward pass writes 1 into them), so that evaluating never changes
         training; without private heads or such gammas, inputs of the training
         set's own shapes get the training set itself. ``key`` names the set in
-        the cache; by default the inputs' names, shapes and types, and the heads.
+        the cache; by default the inputs' names, shapes and types, and the
+        heads (:func:`set_key`). ``head_owners``: who asked for each private
+        head (:meth:`ExecutorSet.private_output_of`).
         """
         data_descs, label_descs = as_descs(data_shapes), as_descs(label_shapes)
-        if symbol is None and not for_training:
-            symbol = self.evaluation_symbol
         if (
             symbol is None
             and not for_training
@@ -203,7 +212,7 @@ class DataParallelExecutorManager:
         ):
             return self.training_set
         if key is None:
-            key = _set_key(data_descs, label_descs, private_heads)
+            key = set_key(data_descs, label_descs, private_heads)
         found = self._sets.get(key)
         if found is None:
             trained = self.training_set
@@ -218,6 +227,7 @@ class DataParallelExecutorManager:
                 grad_req=self.grad_req,
                 for_training=for_training,
                 private_heads=private_heads,
+                head_owners=head_owners,
             )
         return found
 

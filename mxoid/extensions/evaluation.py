@@ -129,15 +129,17 @@ class Evaluate(MetricsExtension):
         for name, iterator in self.iterators.items():
             self._records[name] = _record_names(name, bound, single)
             data, labels = iterator.provide_data, iterator.provide_label
-            symbol = loop.manager.evaluation_symbol  # a Gluon block's, in predict mode
-            symbol = loop.symbol if symbol is None else symbol
-            self._accumulators[name] = self._accumulator(loop, name, symbol, data, labels)
+            self._accumulators[name] = self._accumulator(loop, name, data, labels)
             self._buckets[name] = Accumulators(self._accumulators[name])
 
     def _accumulator(
-        self, loop: MainLoop, name: str, symbol: Any, data: Any, labels: Any, key: Any = None
+        self, loop: MainLoop, name: str, data: Any, labels: Any, key: Any = None
     ) -> MetricAccumulator:
-        """Bind the metrics for one iterator's batches of one shape (of one bucket).
+        """Bind the metrics for one iterator's batches of one shape (of graph ``key``).
+
+        The graph and its executors are the loop's network's to choose
+        (:meth:`mxoid.network.Network.graph`, :meth:`~mxoid.network.Network.forward_set`):
+        a bucket's, a Gluon block's traced in predict mode.
 
         They get executors of their own (sharing the parameters, and the
         training executors' memory pool), which compute the per-row values as
@@ -146,9 +148,10 @@ class Evaluate(MetricsExtension):
         the graph are computed by an operator call per device and batch, on
         the training executors for inputs of the training shapes.
         """
-        manager, bound = loop.manager, self._bound
+        manager, bound, network = loop.manager, self._bound, loop.network
         label_names = [desc[0] for desc in labels or []]
         try:
+            symbol = network.graph(key, data, labels)
             for output, _ in bound:
                 label_for_output(output, manager.metric_outputs, label_names)
             shapes = {desc[0]: tuple(desc[1]) for desc in list(data) + list(labels or [])}
@@ -160,10 +163,8 @@ class Evaluate(MetricsExtension):
             head = per_row_head(
                 symbol, bound, label_names, shapes, rows, input_types=types, contexts=contexts
             )
-            heads_json = None if head is None else head.tojson()
-            bucket = {} if key is None else {"symbol": symbol, "key": ("evaluate", key, heads_json)}
             heads = [] if head is None else [head]
-            executors = manager.executor_set(data, labels, heads, **bucket)
+            executors = network.forward_set(manager, data, labels, heads, key)
             accumulator = MetricAccumulator(
                 executors, bound, executors.private_outputs[0] if heads else None
             )
@@ -174,17 +175,16 @@ class Evaluate(MetricsExtension):
         return accumulator
 
     def _accumulator_for(self, name: str, batch: mx.io.DataBatch) -> MetricAccumulator:
-        """Return the accumulator of ``batch``: the iterator's, or its bucket's."""
-        loop = self.main_loop
-        key = getattr(batch, "bucket_key", None)
-        if loop.buckets is None or key is None or key == loop.buckets.default_key:
+        """Return the accumulator of ``batch``: the iterator's, or its graph's (a bucket's)."""
+        network = self.main_loop.network
+        key = network.key_of(batch)
+        if key is None or key == network.default_key:
             return self._accumulators[name]
         accumulators = self._buckets[name]
         found = accumulators.by_key.get(key)
         if found is None:
             data, labels = batch.provide_data, batch.provide_label
-            symbol = loop.buckets.symbol(key, data, labels)
-            found = self._accumulator(loop, name, symbol, data, labels, key)
+            found = self._accumulator(self.main_loop, name, data, labels, key)
             accumulators.add(key, found)
         return found
 

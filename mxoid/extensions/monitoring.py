@@ -107,7 +107,7 @@ class TrainingMonitoring(MetricsExtension):
         """Return an accumulator of the executors the loop trains on now (bucket ``key``'s)."""
         head = loop.private_outputs(self)
         executors = loop.manager.current
-        name = self._sums_of.get(key if loop.buckets is not None else None)
+        name = self._sums_of.get(key)
         running_sums = executors.running_sums.get(name) if head and name else None
         try:  # a bucket's sums are new zeros, its first batch already added to them
             return MetricAccumulator(
@@ -165,7 +165,7 @@ class TrainingMonitoring(MetricsExtension):
         if loop.manager.current is loop.manager.training_set:
             self.accumulator.update()
             return
-        key = batch.bucket_key
+        key = loop.network.key_of(batch)
         accumulator = self._buckets.by_key.get(key)
         if accumulator is None:
             accumulator = self._accumulator(loop, key)

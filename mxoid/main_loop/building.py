@@ -11,6 +11,7 @@ from ..executor_manager import DataParallelExecutorManager, split_batch
 from ..executor_manager.initialization import initial_params
 from ..executor_manager.private_heads import RUNNING_SUMS_PREFIX
 from ..extensions.base import Extension, HeadRequest
+from ..network import AskHeads
 
 if TYPE_CHECKING:  # pragma: no cover
     from .loop import MainLoop
@@ -18,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "bind_training",
     "check_inputs",
+    "heads_asker",
     "private_heads",
     "rows_per_device",
     "set_initial_params",
@@ -105,27 +107,44 @@ def private_heads(
     return heads
 
 
+def heads_asker(
+    extensions: Sequence[Extension],
+    contexts: Sequence[mx.Context],
+    work_load_list: Optional[Sequence[float]],
+) -> AskHeads:
+    """Return ``ask_heads(symbol, data_descs, label_descs, key) -> (heads, owners)``.
+
+    What executors bound for these inputs (of bucket ``key``) compute for the
+    extensions: their private heads (:func:`private_heads`), and the extension
+    that asked for each (:meth:`~mxoid.executor_manager.ExecutorSet.private_output_of`).
+    """
+
+    def ask_heads(
+        symbol: mx.sym.Symbol, data_descs: Sequence[Any], label_descs: Sequence[Any], key: Any
+    ) -> Tuple[List[mx.sym.Symbol], List[Extension]]:
+        request = head_request(symbol, data_descs, label_descs, contexts, work_load_list, key)
+        heads = private_heads(extensions, request)
+        return [head for _, head in heads], [extension for extension, _ in heads]
+
+    return ask_heads
+
+
 def bind_training(
     loop: MainLoop,
+    ask_heads: AskHeads,
     work_load_list: Optional[Sequence[float]],
     fixed_param_names: Optional[Sequence[str]],
-) -> Tuple[DataParallelExecutorManager, Dict[int, int]]:
+) -> DataParallelExecutorManager:
     """Bind the loop's training executors, with the private heads its extensions ask for.
 
-    Returns the manager, and the index of each extension's head among its
-    private outputs, by ``id(extension)``.
+    Each head's extension is known to the training set
+    (:meth:`~mxoid.executor_manager.ExecutorSet.private_output_of`).
     """
     data = loop.train_data
-    request = head_request(
-        loop.symbol,
-        data.provide_data,
-        data.provide_label,
-        loop.contexts,
-        work_load_list,
-        None if loop.buckets is None else loop.buckets.default_key,
+    heads, owners = ask_heads(
+        loop.symbol, data.provide_data, data.provide_label, loop.network.default_key
     )
-    heads = private_heads(loop.extensions, request)
-    manager = DataParallelExecutorManager(
+    return DataParallelExecutorManager(
         loop.symbol,
         loop.contexts,
         data.provide_data,
@@ -133,9 +152,9 @@ def bind_training(
         work_load_list=work_load_list,
         fixed_param_names=fixed_param_names or (),
         grad_req="add" if loop.accumulate_batches > 1 else "write",
-        private_heads=[head for _, head in heads],
+        private_heads=heads,
+        head_owners=owners,
     )
-    return manager, {id(extension): i for i, (extension, _) in enumerate(heads)}
 
 
 def set_initial_params(

@@ -1,23 +1,27 @@
 """The main loop: epochs of batches, with hooks into extensions, and the loop's own state.
 
-How it is built, in order (:meth:`MainLoop.__init__`): the settings checked,
-the executors bound (with the private heads its extensions ask for), the
-kvstore created, the checkpoint to resume from chosen
-(:mod:`.resumption`), the initial parameters set, the optimizer step
-prepared (:mod:`mxoid.update`), the log made, the extensions attached and
-checked, and the checkpoint's state given back (:mod:`.state`). How it
-trains: :mod:`.epochs`; the step after each batch: :mod:`.accumulation`; what
-signals do: :mod:`.interrupt`.
+How it is built, in order (:meth:`MainLoop.__init__`): what it trains made a
+:class:`~mxoid.network.Network` (:func:`mxoid.network.as_network`: a symbol,
+a ``sym_gen`` or a Gluon block), the settings checked, the executors bound
+(with the private heads its extensions ask for), the kvstore created, the
+checkpoint to resume from chosen (:mod:`.resumption`), the initial parameters
+set, the optimizer step prepared (:mod:`mxoid.update`), the log made, the
+extensions attached and checked, the stop requests (:mod:`.stops`) and the
+training (:class:`~mxoid.main_loop.epochs.Training`) made, and the
+checkpoint's state given back (:mod:`.state`). How it trains: :mod:`.epochs`;
+the step after each batch: :mod:`.accumulation`; what signals do:
+:mod:`.interrupt`.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import uuid
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+import warnings
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
+import numpy as np
 
 from ..checkpoint import CheckpointContents
 from ..data.position import DataPosition
@@ -32,30 +36,31 @@ from ..executor_manager import check_contexts
 from ..executor_manager.pacing import DEFAULT_MAX_BATCHES_AHEAD, Pacer, check_max_batches_ahead
 from ..extensions.base import Extension
 from ..extensions.dispatch import HookDispatcher, check_extensions, check_record_names
-from ..gluon import network_inputs
 from ..log import TrainingLog, TrainingStatus
 from ..log.files import RESUMED_FROM
 from ..log.records import ERROR, TRAINING_FINISH_REQUESTED
+from ..network import as_network, legacy_view
 from ..update import KVStoreLike, create_kvstore, prepare_update
-from .accumulation import check_accumulate_batches
-from .buckets import resolve_network
-from .building import bind_training, check_inputs, set_initial_params
-from .collective import agree_everywhere
-from .epochs import end_epoch, finish_training, run_epoch, start_training
+from .accumulation import check_accumulate_batches, pending_gradients
+from .building import bind_training, check_inputs, heads_asker, set_initial_params
+from .epochs import Training
 from .interrupt import InterruptHandlers, report_interruption
-from .queries import LoopQueries
+from .ranks import gather_rank_states
 from .resumption import choose_checkpoint
 from .state import loop_state, restore_loop_state
+from .stops import StopRequests
 
 __all__ = ["MainLoop"]
 
-logger = logging.getLogger("mxoid.main_loop")
-
 LOOP_RECORDS = (TRAINING_FINISH_REQUESTED, RESUMED_FROM, ERROR)
 """The records the loop itself writes: no extension may write them."""
+DEPRECATED = (
+    "MainLoop.{name} is deprecated since mxoid 0.5: ask loop.network, what the loop trains "
+    "(mxoid.network)"
+)
 
 
-class MainLoop(LoopQueries):
+class MainLoop:
     """Train a symbol on a data iterator, epoch after epoch, until an extension stops it.
 
     The loop owns a :class:`DataParallelExecutorManager` (one executor per
@@ -74,10 +79,11 @@ class MainLoop(LoopQueries):
     symbol : mx.sym.Symbol, callable or gluon.HybridBlock
         The network; several outputs with ``mx.sym.Group``. Or a
         ``BucketingModule``-style ``sym_gen(bucket_key) -> (symbol, data_names,
-        label_names)`` for batches of several shapes (see :mod:`.buckets`). Or a
-        Gluon ``HybridBlock`` with ``loss``: traced to a symbol, its parameter
-        values taken, the trained ones written back when training ends
-        (:mod:`mxoid.gluon`).
+        label_names)`` for batches of several shapes (see
+        :mod:`mxoid.network.buckets`). Or a Gluon ``HybridBlock`` with ``loss``:
+        traced to a symbol, its parameter values taken, the trained ones written
+        back when training ends (:mod:`mxoid.network.gluon`). Each becomes the
+        loop's :attr:`network` (:mod:`mxoid.network`).
     train_data : mx.io.DataIter
         Training batches; its ``provide_data`` / ``provide_label`` name the
         symbol's inputs. It is reset at the start of every epoch but the first.
@@ -146,6 +152,18 @@ class MainLoop(LoopQueries):
 
     Attributes
     ----------
+    network : mxoid.network.Network
+        What the loop trains: which graph and which executors serve a batch or
+        an evaluation, what goes back to the user's block
+        (:mod:`mxoid.network`); every built-in extension asks it.
+    symbol : mx.sym.Symbol
+        The graph of the training executors (a sym_gen's default bucket's; a
+        block's, traced in training mode with its loss).
+    train_data : mx.io.DataIter
+        The training iterator (a Gluon ``DataLoader`` read through
+        :class:`~mxoid.data.DataLoaderIter`).
+    contexts : list of Context
+    extensions : list of Extension
     manager : DataParallelExecutorManager
     update : mxoid.update.Update
         The optimizer step; ``optimizer``, ``kvstore``, ``update_on_kvstore``
@@ -164,8 +182,20 @@ class MainLoop(LoopQueries):
         The run this loop trains, kept across resumptions (checkpoints carry it).
     resumed_from : str or None
         The checkpoint folder training resumed from.
-    gluon : mxoid.gluon.GluonNetwork or None
-        The traced Gluon block (None for a symbol).
+    data_position : mxoid.data.position.DataPosition
+        Where the training iterator stands (checkpoints keep it).
+    dispatcher : HookDispatcher
+        Fires the extensions' hooks (their order, conditions and states).
+    stops : StopRequests
+        The stop requests (:meth:`request_stop`) and, in distributed
+        training, the workers' agreement on them.
+    training : mxoid.main_loop.epochs.Training
+        The epochs of batches (:meth:`run`).
+    accumulate_batches, max_batches_ahead, exit_on_interrupt
+        As given.
+    gluon, buckets
+        Deprecated (mxoid 0.4): ``network`` where it is a Gluon block's or a
+        sym_gen's, else None.
 
     Notes
     -----
@@ -191,9 +221,8 @@ class MainLoop(LoopQueries):
         arg_params, aux_params = loop.get_params()
     """
 
-    stop_agreement_batches: int = 20
-    """In distributed training, the workers agree every this many batches (and at every epoch
-    end) on whether one of them asked to stop: one small exchange through the servers."""
+    default_stop_agreement_batches: int = 20
+    """The :attr:`stop_agreement_batches` of a new loop."""
 
     def __init__(
         self,
@@ -221,12 +250,11 @@ class MainLoop(LoopQueries):
     ) -> None:
         kv = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         try:
-            symbol, train_data, self.gluon = network_inputs(symbol, train_data, loss, initializer)
-            if self.gluon is not None:
-                arg_params, aux_params, fixed_param_names = self.gluon.loop_settings(
-                    arg_params, aux_params, fixed_param_names
-                )
-            symbol, self.buckets = resolve_network(symbol, train_data, default_bucket_key)
+            self.network = as_network(symbol, train_data, loss, initializer, default_bucket_key)
+            symbol, train_data = self.network.symbol, self.network.train_data
+            arg_params, aux_params, fixed_param_names = self.network.loop_settings(
+                arg_params, aux_params, fixed_param_names
+            )
             check_inputs(symbol, train_data, initializer)
             self.extensions = check_extensions(extensions)
             self.symbol, self.train_data = symbol, train_data
@@ -235,14 +263,11 @@ class MainLoop(LoopQueries):
             self.max_batches_ahead = check_max_batches_ahead(max_batches_ahead)
             self.exit_on_interrupt = exit_on_interrupt
             self._start_run()
-            self.manager, owners = bind_training(self, work_load_list, fixed_param_names)
-            self.head_owners = {id(self.manager.training_set): owners}
-            if self.gluon is not None:
-                self.manager.evaluation_symbol = self.gluon.evaluation_symbol
-            self._pacer = Pacer.of_training(self.manager, self.max_batches_ahead)
+            ask_heads = heads_asker(self.extensions, self.contexts, work_load_list)
+            self.manager = bind_training(self, ask_heads, work_load_list, fixed_param_names)
             kv, on_kvstore = create_kvstore(kvstore, len(self.contexts), update_on_kvstore)
-            self._collective = is_distributed(kv)
-            checkpoint = self._checkpoint_to_resume(resume_from, on_kvstore, kv)
+            distributed = is_distributed(kv)
+            checkpoint = self._checkpoint_to_resume(resume_from, on_kvstore, kv, distributed)
             initial = set_initial_params(
                 self.manager, symbol, initializer, arg_params, aux_params, allow_extra, checkpoint
             )
@@ -258,10 +283,23 @@ class MainLoop(LoopQueries):
             )
             self.kvstore, self.updater = self.update.kvstore, self.update.updater
             self.update_on_kvstore = self.update.update_on_kvstore
-            if self._collective:
+            if distributed:
                 check_equal_steps(kv, train_data)
                 check_same_checkpoint(kv, checkpoint and checkpoint.identity)
-            self._attach_extensions(kv)
+            self._attach_extensions(kv, distributed)
+            self.training = Training(
+                self.network,
+                self.manager,
+                self.update,
+                self.log,
+                self.dispatcher,
+                self.stops,
+                self.data_position,
+                Pacer.of_training(self.manager, self.max_batches_ahead),
+                self.accumulate_batches,
+                ask_heads,
+                self.synchronize,
+            )
             if checkpoint is not None:
                 self.load_state_dict(checkpoint)
         except BaseException as error:
@@ -272,15 +310,14 @@ class MainLoop(LoopQueries):
     def _start_run(self) -> None:
         self.run_id = uuid.uuid4().hex
         self.resumed_from: Optional[str] = None
-        self.current_batch: Optional[mx.io.DataBatch] = None
         self.data_position = DataPosition(self.train_data)
-        self._stop_everywhere = False
 
     def _checkpoint_to_resume(
         self,
         resume_from: Optional[os.PathLike[str] | str],
         on_kvstore: bool,
         kv: Optional[mx.kv.KVStore],
+        distributed: bool,
     ) -> Optional[CheckpointContents]:
         return choose_checkpoint(
             resume_from,
@@ -290,17 +327,22 @@ class MainLoop(LoopQueries):
             self.data_position,
             update_on_kvstore=on_kvstore,
             accumulate_batches=self.accumulate_batches,
-            states_on_servers=self._collective and on_kvstore,
-            rank=kv.rank if self._collective else 0,
-            num_workers=kv.num_workers if self._collective else 1,
+            states_on_servers=distributed and on_kvstore,
+            rank=kv.rank if distributed else 0,
+            num_workers=kv.num_workers if distributed else 1,
         )
 
-    def _attach_extensions(self, kv: Optional[mx.kv.KVStore]) -> None:
-        """Make the log, attach every extension, and check that no two write one record."""
+    def _attach_extensions(self, kv: Optional[mx.kv.KVStore], distributed: bool) -> None:
+        """Make the log and the stop requests, attach every extension, check the record names.
+
+        ``distributed``: the workers agree on stops through ``kv``.
+        """
         self.log = TrainingLog()
         self.status: TrainingStatus = self.log.status
         if kv is not None:
             self.status.rank, self.status.num_workers = kv.rank, kv.num_workers
+        every = self.default_stop_agreement_batches
+        self.stops = StopRequests(self.log, kv if distributed else None, every)
         self.dispatcher = HookDispatcher(self.extensions, rank=self.status.rank)
         for extension in self.extensions:
             extension.attach(self)
@@ -323,9 +365,7 @@ class MainLoop(LoopQueries):
 
         See :meth:`Extension.private_head`; an extension attached later has none.
         """
-        current = self.manager.current
-        index = self.head_owners.get(id(current), {}).get(id(extension))
-        return None if index is None else current.private_outputs[index]
+        return self.manager.current.private_output_of(extension)
 
     def reduction(self, extension: Extension) -> Any:
         """Return a function summing ``extension``'s ``(sum, count)`` totals over the workers.
@@ -333,9 +373,40 @@ class MainLoop(LoopQueries):
         :func:`mxoid.distributed.allreduce_sums`; None on one worker, and for an
         extension of rank 0 only (a reduction needs every worker).
         """
-        if not self._collective or extension.rank_zero_only:
+        if not self.stops.collective or extension.rank_zero_only:
             return None
         return lambda totals: allreduce_sums(self.kvstore, extension.name, totals)
+
+    @property
+    def stop_agreement_batches(self) -> int:
+        """How often the workers agree on stopping, in distributed training.
+
+        Every this many batches (and at every epoch end) they agree on whether
+        one of them asked to stop: one small exchange through the servers.
+        """
+        return self.stops.every
+
+    @stop_agreement_batches.setter
+    def stop_agreement_batches(self, value: int) -> None:
+        self.stops.every = value
+
+    @property
+    def current_batch(self) -> Optional[mx.io.DataBatch]:
+        """The batch being trained, for extensions (None before the first)."""
+        training = getattr(self, "training", None)
+        return None if training is None else training.current_batch
+
+    @property
+    def gluon(self) -> Any:
+        """Deprecated: ``network``, where it is a Gluon block's (else None)."""
+        warnings.warn(DEPRECATED.format(name="gluon"), DeprecationWarning, stacklevel=2)
+        return legacy_view(self.network, "gluon")
+
+    @property
+    def buckets(self) -> Any:
+        """Deprecated: ``network``, where it is a sym_gen's buckets (else None)."""
+        warnings.warn(DEPRECATED.format(name="buckets"), DeprecationWarning, stacklevel=2)
+        return legacy_view(self.network, "buckets")
 
     # -------------------------------------------------------------- training
     def run(self) -> MainLoop:
@@ -348,22 +419,20 @@ class MainLoop(LoopQueries):
             the log has the record ``error``. A distributed worker prints it and
             exits instead (:func:`mxoid.distributed.exit_after_error`).
         """
-        status = self.status
-        self._stop_everywhere = False
+        status, training, stops = self.status, self.training, self.stops
         try:
             with InterruptHandlers(status):
-                start_training(self)
-                while not status.stop_requested or self._stop_deferred():
-                    if not run_epoch(self):
+                training.start()
+                while not status.stop_requested or stops.deferred():
+                    if not training.run_epoch():
                         break
-                    end_epoch(self)
-                finish_training(self)
-                if self.gluon is not None:  # the block is the model: it holds what was trained
-                    self.gluon.write_back(*self.get_params())
+                    training.end_epoch()
+                training.finish()
+                self.network.give_back(self.get_params)  # a block is the model: it gets them
         except BaseException as error:
             if isinstance(error, Exception):
                 self._record_error(error)
-            if self._collective:  # would hang at exit in ps-lite's finalize barrier
+            if stops.collective:  # would hang at exit in ps-lite's finalize barrier
                 exit_after_error(error, status.rank)
             raise
         if status.interrupted is not None:
@@ -385,22 +454,7 @@ class MainLoop(LoopQueries):
         or at once with ``every_rank=True``, which says that every worker asks
         it at this very batch (a limit on batches or epochs).
         """
-        status = self.status
-        if every_rank:
-            self._stop_everywhere = True
-        if status.stop_reason is None:
-            status.stop_requested = True
-            status.stop_reason = reason
-            self.log.current_row[TRAINING_FINISH_REQUESTED] = reason
-            logger.info("stop requested: %s", reason)
-
-    def _stop_deferred(self) -> bool:
-        """Return True while a stop asked on this worker alone waits for the workers to agree."""
-        return self._collective and not self._stop_everywhere
-
-    def _agree_to_stop(self, epoch_end: bool) -> bool:
-        """Stop every worker when any worker asked to; return whether (a collective call)."""
-        return agree_everywhere(self, epoch_end)
+        self.stops.request(reason, every_rank=every_rank)
 
     def _record_error(self, error: Exception) -> None:
         origin = getattr(error, "mxoid_origin", None)
@@ -423,3 +477,81 @@ class MainLoop(LoopQueries):
         this loop that differ from the run's win, with a warning each.
         """
         restore_loop_state(self, checkpoint, stacklevel=4)
+
+    def checkpoint_files(
+        self, arg_params: Dict[str, mx.nd.NDArray], aux_params: Dict[str, mx.nd.NDArray]
+    ) -> Dict[str, Callable[[str], Any]]:
+        """Return the files a checkpoint holds beside MXNet's, by name: the network's.
+
+        A Gluon block's (:meth:`mxoid.network.GluonNetwork.checkpoint_files`); none for a symbol.
+        """
+        return self.network.checkpoint_files(arg_params, aux_params)
+
+    def gather_rank_states(self, mxnet_seed: int) -> Optional[List[Dict[str, Any]]]:
+        """Return every worker's random states and iterator position, in rank order.
+
+        A collective call in distributed training, which every worker makes at
+        the same batch (:func:`mxoid.main_loop.ranks.gather_rank_states`); None
+        on one worker. ``mxnet_seed``: the seed this worker gives MXNet there.
+        """
+        return gather_rank_states(self, mxnet_seed)
+
+    def optimizer_states(self) -> Optional[bytes]:
+        """Return the optimizer and its states as MXNet dumps them (None: on the servers)."""
+        return self.update.states()
+
+    # ------------------------------------------------------------ the network
+    def synchronize(self) -> None:
+        """Wait for the training step in flight: before reading, saving or evaluating the network.
+
+        The per-batch path never waits; an extension that reads
+        ``manager.param_arrays``, ``aux_arrays`` or ``outputs`` calls this
+        first (why: :meth:`DataParallelExecutorManager.synchronize`).
+        """
+        self.manager.synchronize()
+
+    def get_params(self) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
+        """Return ``(arg_params, aux_params)``, the model being trained, as host copies.
+
+        Waits for the step in flight; BatchNorm statistics are first averaged
+        over the devices and written back (the Notes of :class:`MainLoop`).
+        """
+        self.manager.reconcile_aux_states()
+        return self.manager.get_params()
+
+    def pending_gradients(self) -> Optional[Dict[str, mx.nd.NDArray]]:
+        """Return the gradients of an unfinished accumulation group (see :mod:`.accumulation`)."""
+        return pending_gradients(self.status, self.manager, self.accumulate_batches)
+
+    # ------------------------------------------------------------- inference
+    def predict(
+        self, iterator: mx.io.DataIter, outputs: Optional[Union[str, Sequence[str]]] = None
+    ) -> Dict[str, np.ndarray]:
+        """Return output name -> NumPy array over the iterator's real samples, as of now.
+
+        As ``Module.predict(merge_batches=True)``: a last batch's padding dropped;
+        ``outputs`` picks some (``'softmax'``). See :func:`mxoid.inference.predict_on`.
+        """
+        from ..inference import predict_on
+
+        return predict_on(self.manager, self.network, iterator, outputs, self.max_batches_ahead)
+
+    def score(
+        self, iterator: mx.io.DataIter, metrics: Any, name: str = "valid"
+    ) -> Dict[str, float]:
+        """Return the records :class:`~mxoid.extensions.Evaluate` computes on ``iterator`` now.
+
+        Records ``<name>_<metric>``; nothing is logged. Every worker calls it.
+        """
+        from ..inference import score_on
+
+        return score_on(self, iterator, metrics, name)
+
+    # -------------------------------------------------------------- profile
+    def profile(self) -> List[tuple]:
+        """Return ``(extension, hook, calls, seconds)`` per dispatched hook, slowest first."""
+        return self.dispatcher.profile()
+
+    def print_profile(self) -> None:
+        """Print the time each extension spent in each hook."""
+        self.dispatcher.print_profile()

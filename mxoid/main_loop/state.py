@@ -60,7 +60,7 @@ def loop_state(loop: MainLoop) -> Dict[str, Any]:
         "optimizer": loop.update.settings,
         "accumulate_batches": loop.accumulate_batches,
         "fixed_param_names": list(loop.manager.fixed_param_names),
-        **({} if loop.buckets is None else {"default_bucket_key": loop.buckets.default_key}),
+        **loop.network.state(),
     }
 
 

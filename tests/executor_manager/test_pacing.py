@@ -140,7 +140,7 @@ def test_auto_lets_the_host_queue_64_mib_between_2_and_1024_batches():
             mx.io.NDArrayIter(X, y, batch_size=shape[0], label_name="softmax_label"),
             extensions=[FinishAfter(after_n_batches=1)],
         )
-        assert loop.max_batches_ahead == "auto" and loop._pacer.limit == expected
+        assert loop.max_batches_ahead == "auto" and loop.training.pacer.limit == expected
         assert auto_limit(X.nbytes + y.nbytes) == expected
 
 

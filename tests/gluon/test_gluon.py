@@ -149,7 +149,7 @@ def test_evaluation_runs_the_block_in_predict_mode_and_records_the_loss():
     monitor = TrainingMonitoring({"output": "acc", "loss": "loss"})
     evaluate = Evaluate({"valid": valid}, {"output": "acc", "loss": "loss"})
     loop = mxoid_loop(net, X, y, [mx.cpu()], 1, [monitor, evaluate])
-    assert loop.gluon.evaluation_symbol is not None and loop.manager.metric_outputs == ["output"]
+    assert loop.network.evaluation_symbol is not None and loop.manager.metric_outputs == ["output"]
     out = net(mx.nd.array(X))
     loss = gluon.loss.SoftmaxCrossEntropyLoss()(out, mx.nd.array(y)).asnumpy()
     assert loop.log.last("valid_loss") == pytest.approx(float(loss.mean()), rel=1e-6)
@@ -260,9 +260,9 @@ def test_a_gluon_run_resumed_mid_epoch_ends_bit_identical(tmp_path):
     resumable_loop(str(tmp_path / "cut"), {"after_n_batches": 6}).run()
     resumed = resumable_loop(str(tmp_path / "cut"), {"after_n_epochs": 3}, resume=True).run()
     assert resumed.resumed_from.endswith("epoch0001-batch00000006")  # 1 batch into epoch 2
-    for name, value in whole.gluon.parameters.items():
+    for name, value in whole.network.parameters.items():
         np.testing.assert_array_equal(
-            resumed.gluon.parameters[name].data().asnumpy(), value.data().asnumpy(), name
+            resumed.network.parameters[name].data().asnumpy(), value.data().asnumpy(), name
         )
     for row in (10, 15):  # the ends of epochs 2 and 3
         assert resumed.log[row]["train_accuracy"] == whole.log[row]["train_accuracy"]

@@ -377,3 +377,16 @@ def test_prefetching_a_bucketed_iterator_trains_the_same():
     for name, value in plain.items():
         np.testing.assert_array_equal(prefetched[name], value, err_msg=name)
     assert runs[0].log.last("train_perplexity") == runs[1].log.last("train_perplexity")
+
+
+def test_the_loops_buckets_and_gluon_of_mxoid_0_4_answer_with_a_warning_naming_network():
+    """``loop.buckets`` / ``loop.gluon`` are the network where it is of that kind, else None."""
+    from mxoid.network import BucketNetwork
+
+    loop = bucket_loop([FinishAfter(after_n_epochs=1)])
+    assert isinstance(loop.network, BucketNetwork)
+    assert loop.network.default_key == max(BUCKETS)
+    with pytest.warns(DeprecationWarning, match="loop.network"):
+        assert loop.buckets is loop.network
+    with pytest.warns(DeprecationWarning, match="loop.network"):
+        assert loop.gluon is None

@@ -31,6 +31,7 @@ import mxnet as mx
 from mxnet import autograd, gluon
 
 from ..data.loader import as_data_iter
+from .base import Network
 
 __all__ = ["GluonNetwork", "input_names", "is_block", "network_inputs"]
 
@@ -115,7 +116,7 @@ def _same_graph(a: mx.sym.Symbol, b: mx.sym.Symbol) -> bool:
     return plain(a) == plain(b)
 
 
-class GluonNetwork:
+class GluonNetwork(Network):
     """A HybridBlock and its loss, traced (see the module's documentation).
 
     Parameters
@@ -131,6 +132,19 @@ class GluonNetwork:
         The loss's label inputs.
     initializer : mx.init.Initializer, optional
         For a block never initialized (Gluon's default initializer otherwise).
+    train_data : mx.io.DataIter, optional
+        The training iterator, as the loop reads it.
+
+    Attributes
+    ----------
+    symbol : mx.sym.Symbol
+        The graph traced in training mode, with the loss: what the loop trains.
+    evaluation_symbol : mx.sym.Symbol or None
+        The graph traced in predict mode, where it differs from the training
+        graph (a branch on ``autograd.is_training()``): what the loop evaluates
+        and predicts with (:meth:`graph`).
+    parameters : dict of str to gluon.Parameter
+        The block's parameters by name (the graph's argument names).
     """
 
     def __init__(
@@ -140,6 +154,7 @@ class GluonNetwork:
         data_descs: Sequence[Any],
         label_names: Sequence[str],
         initializer: Optional[mx.init.Initializer] = None,
+        train_data: Any = None,
     ) -> None:
         _check(block, loss)
         self.block, self.loss = block, loss
@@ -148,7 +163,7 @@ class GluonNetwork:
         self._finish_initialization(data_descs, initializer)
         train, self.output_names = self._trace(autograd.train_mode)
         predict, _ = self._trace(autograd.predict_mode)
-        self.symbol = train
+        super().__init__(train, train_data)
         self.evaluation_symbol = None if _same_graph(train, predict) else predict
         self.prediction = mx.sym.Group(self._raw_outputs)  # predict mode, for net-symbol.json
         self.parameters = {p.name: p for p in block.collect_params().values()}
@@ -182,6 +197,12 @@ class GluonNetwork:
         heads = [mx.sym.BlockGrad(o, name=n) for o, n in zip(outputs, names)]
         return mx.sym.Group(heads + [mx.sym.MakeLoss(value, name=LOSS)]), names
 
+    def graph(
+        self, key: Any = None, data_descs: Any = None, label_descs: Any = None
+    ) -> mx.sym.Symbol:
+        """Return the graph that evaluates and predicts: traced in predict mode."""
+        return self.symbol if self.evaluation_symbol is None else self.evaluation_symbol
+
     # ------------------------------------------------------------ parameters
     def loop_settings(
         self,
@@ -209,6 +230,10 @@ class GluonNetwork:
         """Return the parameters with ``grad_req='null'`` that the graph takes as arguments."""
         args = set(self.symbol.list_arguments())
         return sorted(n for n, p in self.parameters.items() if p.grad_req == "null" and n in args)
+
+    def give_back(self, get_params: Any) -> None:
+        """When training ends, set the block's parameters to the trained values: it is the model."""
+        self.write_back(*get_params())
 
     def write_back(
         self, arg_params: Dict[str, mx.nd.NDArray], aux_params: Dict[str, mx.nd.NDArray]
@@ -249,7 +274,8 @@ def network_inputs(
 
     A Gluon block becomes its training graph (``gluon``: the traced
     :class:`GluonNetwork`), its inputs named after ``train_data``'s; a symbol or a
-    ``sym_gen`` is returned as it is, with ``gluon`` None.
+    ``sym_gen`` is returned as it is, with ``gluon`` None. Kept from mxoid 0.4:
+    :func:`mxoid.network.as_network` answers for every kind now.
     """
     if not is_block(network):
         if loss is not None:
@@ -263,7 +289,9 @@ def network_inputs(
     _check(network, loss)
     train_data = as_data_iter(train_data, *input_names(network, loss))
     labels = [_desc_name(d) for d in train_data.provide_label or ()]
-    traced = GluonNetwork(network, loss, list(train_data.provide_data), labels, initializer)
+    traced = GluonNetwork(
+        network, loss, list(train_data.provide_data), labels, initializer, train_data
+    )
     return traced.symbol, train_data, traced
 
 

@@ -1,4 +1,4 @@
-"""Bucketing: a network built per bucket key by ``sym_gen``, as ``BucketingModule`` takes it.
+"""Buckets: a network built per bucket key by ``sym_gen``, as ``BucketingModule`` takes it.
 
 ``MainLoop(sym_gen, train_data, default_bucket_key=...)``: ``sym_gen(key)``
 returns ``(symbol, data_names, label_names)`` for the batches of a bucket
@@ -14,18 +14,15 @@ memory pool (:meth:`~mxoid.DataParallelExecutorManager.executor_set`), as
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING, Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tuple
 
 import mxnet as mx
 
 from ..data.sentences import is_bucket_sentence_iter, sentences_per_epoch
-from ..executor_manager import ExecutorSet
-from .building import head_request, private_heads
+from ..executor_manager import DataParallelExecutorManager, ExecutorSet
+from .base import AskHeads, Network
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .loop import MainLoop
-
-__all__ = ["Buckets", "resolve_network"]
+__all__ = ["BucketNetwork", "Buckets", "resolve_network"]
 
 SymGen = Callable[[Any], Tuple[mx.sym.Symbol, Sequence[str], Sequence[str]]]
 
@@ -47,49 +44,90 @@ NO_DEFAULT_KEY = (
 
 def resolve_network(
     network: Any, train_data: Any, default_bucket_key: Optional[Hashable]
-) -> Tuple[Any, Optional[Buckets]]:
-    """Return ``(symbol, buckets)``: ``network`` itself and None, or a sym_gen's default bucket."""
+) -> Tuple[Any, Optional[BucketNetwork]]:
+    """Return ``(symbol, buckets)``: ``network`` itself and None, or a sym_gen's default bucket.
+
+    Kept from mxoid 0.4 (:func:`mxoid.network.as_network` answers for every kind now).
+    """
     if isinstance(network, mx.sym.Symbol) or not callable(network):
         if default_bucket_key is not None:
             raise TypeError("default_bucket_key is for a sym_gen, not a symbol")
         return network, None
-    if default_bucket_key is None:
-        default_bucket_key = getattr(train_data, "default_bucket_key", None)
-    if default_bucket_key is None:
-        raise ValueError(NO_DEFAULT_KEY)
-    if is_bucket_sentence_iter(train_data):
-        coverage = sentences_per_epoch(train_data)
-        if coverage["used"] < coverage["held"]:
-            warnings.warn(
-                LEFT_OUT.format(**coverage, batch_size=train_data.batch_size), stacklevel=3
-            )
-    buckets = Buckets(network, default_bucket_key)
-    symbol = buckets.symbol(default_bucket_key, train_data.provide_data, train_data.provide_label)
-    return symbol, buckets
+    buckets = BucketNetwork(network, train_data, default_bucket_key, stacklevel=4)
+    return buckets.symbol, buckets
 
 
 def _names(descs: Sequence[Any]) -> List[str]:
     return [d[0] if isinstance(d, tuple) else d.name for d in descs or ()]
 
 
-class Buckets:
+class BucketNetwork(Network):
     """The buckets of a loop: ``sym_gen``, the default key, each bucket's training executors.
 
     Parameters
     ----------
     sym_gen : callable
         ``sym_gen(bucket_key) -> (symbol, data_names, label_names)``.
-    default_key : hashable
-        The bucket of the manager's training set.
+    train_data : mx.io.DataIter
+        Batches that say their ``bucket_key`` (and their own ``provide_data``
+        / ``provide_label``).
+    default_key : hashable, optional
+        The bucket of the manager's training set (``train_data.default_bucket_key``
+        by default): the longest, as ``BucketingModule``'s.
+
+    Attributes
+    ----------
+    symbol : mx.sym.Symbol
+        The default bucket's graph.
     """
 
-    def __init__(self, sym_gen: SymGen, default_key: Hashable) -> None:
+    switches_graphs = True
+
+    def __init__(
+        self,
+        sym_gen: SymGen,
+        train_data: Any,
+        default_key: Optional[Hashable] = None,
+        *,
+        stacklevel: int = 3,
+    ) -> None:
+        if default_key is None:
+            default_key = getattr(train_data, "default_bucket_key", None)
+        if default_key is None:
+            raise ValueError(NO_DEFAULT_KEY)
+        if is_bucket_sentence_iter(train_data):
+            coverage = sentences_per_epoch(train_data)
+            if coverage["used"] < coverage["held"]:
+                warnings.warn(
+                    LEFT_OUT.format(**coverage, batch_size=train_data.batch_size),
+                    stacklevel=stacklevel,
+                )
         self.sym_gen = sym_gen
         self.default_key = default_key
         self._symbols: Dict[Hashable, mx.sym.Symbol] = {}
         self._training: Dict[Hashable, ExecutorSet] = {}
+        data, labels = train_data.provide_data, train_data.provide_label
+        super().__init__(self.symbol_of(default_key, data, labels), train_data)
 
-    def symbol(self, key: Hashable, data_descs: Sequence[Any], label_descs: Any) -> mx.sym.Symbol:
+    def state(self) -> Dict[str, Any]:
+        """Return the default bucket's key, which a checkpoint's files are named after."""
+        return {"default_bucket_key": self.default_key}
+
+    def key_of(self, batch: Any) -> Optional[Hashable]:
+        """Return ``batch.bucket_key`` (None where the batch says none)."""
+        return getattr(batch, "bucket_key", None)
+
+    def graph(
+        self, key: Optional[Hashable] = None, data_descs: Any = None, label_descs: Any = None
+    ) -> mx.sym.Symbol:
+        """Return bucket ``key``'s graph (None: the default bucket's)."""
+        if key is None or key == self.default_key:
+            return self.symbol
+        return self.symbol_of(key, data_descs, label_descs)
+
+    def symbol_of(
+        self, key: Hashable, data_descs: Sequence[Any], label_descs: Any
+    ) -> mx.sym.Symbol:
         """Return bucket ``key``'s symbol, checking its inputs against the batch's."""
         symbol = self._symbols.get(key)
         if symbol is not None:
@@ -111,36 +149,40 @@ class Buckets:
         self._symbols[key] = symbol
         return symbol
 
-    def training_set(self, loop: MainLoop, batch: mx.io.DataBatch) -> ExecutorSet:
-        """Return the training executors of ``batch``'s bucket, bound on first use."""
+    def training_set(
+        self, manager: DataParallelExecutorManager, batch: Any, ask_heads: AskHeads
+    ) -> ExecutorSet:
+        """Return the training executors of ``batch``'s bucket, bound on first use.
+
+        With the private heads the loop's extensions ask for (``ask_heads``),
+        sharing the default bucket's arrays and memory pool.
+        """
         key = getattr(batch, "bucket_key", None)
         if key is None:
             raise ValueError(NO_BUCKET_KEY)
-        manager = loop.manager
         if key == self.default_key:
             return manager.training_set
         found = self._training.get(key)
         if found is not None:
             return found
         data, labels = batch.provide_data, batch.provide_label
-        symbol = self.symbol(key, data, labels)
-        request = head_request(symbol, data, labels, manager.contexts, manager.work_load_list, key)
-        heads = private_heads(loop.extensions, request)
+        symbol = self.symbol_of(key, data, labels)
+        heads, owners = ask_heads(symbol, data, labels, key)
         try:
             found = manager.executor_set(
                 data,
                 labels,
-                [head for _, head in heads],
+                heads,
                 key=("bucket", key),
                 symbol=symbol,
                 for_training=True,
+                head_owners=owners,
             )
         except ValueError as error:
             raise ValueError(
                 f"bucket {key!r}: {error} (every bucket's parameters must have the shapes of "
                 f"the default bucket {self.default_key!r}'s)"
             ) from None
-        loop.head_owners[id(found)] = {id(e): i for i, (e, _) in enumerate(heads)}
         self._training[key] = found
         return found
 
@@ -148,3 +190,7 @@ class Buckets:
     def bound_keys(self) -> List[Hashable]:
         """The buckets bound so far for training, the default one first."""
         return [self.default_key] + list(self._training)
+
+
+Buckets = BucketNetwork
+"""The name of :class:`BucketNetwork` in mxoid 0.4 (``mxoid.main_loop.buckets.Buckets``)."""
