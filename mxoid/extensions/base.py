@@ -63,8 +63,8 @@ def _positive(name: str, value: Optional[int]) -> Optional[int]:
 class OnLogRecord:
     """A firing condition: true once for each row in which ``record`` is written, as Blocks'.
 
-    It holds at the first check after the record is written into the row of
-    the current iteration, and not again for that row (a record written in
+    It holds at the first check after the record is written into the current
+    row (``log.current_row``), and not again for that row (a record written in
     ``after_batch`` and checked in both ``after_batch`` and ``after_epoch``
     fires once). Give the same instance to the hooks it should watch.
 
@@ -86,7 +86,7 @@ class OnLogRecord:
 
     def __call__(self, log: TrainingLog) -> bool:
         """Return True if ``record`` was written in the current row, once per row."""
-        iteration = log.status.iterations_done
+        iteration = log.current_iteration
         if self._fired == iteration or log.last_iteration(self.record) != iteration:
             return False
         self._fired = iteration
@@ -161,6 +161,10 @@ class Extension:
     ``manager.labels``, ``manager.pad``) are the batch's in ``after_backward``;
     later hooks may run an evaluation on the same executors, which replaces
     them. Read the training pass in ``after_backward``.
+
+    Records written during a batch (from ``after_backward`` to ``after_batch``)
+    go into the row of that batch; those of ``before_batch``, into the row
+    before it (see :attr:`~mxoid.log.TrainingLog.current_row`).
 
     The loop checks each extension when it is built: a public method named
     almost like a hook (``after_epochs``), a hook whose signature does not

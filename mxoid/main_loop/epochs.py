@@ -47,6 +47,7 @@ def start_training(loop: MainLoop) -> None:
     in the same process: its status is cleared of the stop, and its row marked.
     """
     status = loop.status
+    loop.log.batch_in_progress = False  # a batch that failed in an earlier run() is over
     again = status.training_finished
     if again:
         status.training_finished = status.stop_requested = False
@@ -64,7 +65,7 @@ def start_training(loop: MainLoop) -> None:
 
 def run_epoch(loop: MainLoop) -> bool:
     """Train the rest of the epoch; return False when a stop was requested mid-epoch."""
-    status, manager, dispatcher = loop.status, loop.manager, loop.dispatcher
+    status, manager, dispatcher, log = loop.status, loop.manager, loop.dispatcher, loop.log
     if not status.epoch_started:
         if status.epochs_done > 0:
             loop.data_position.reset()
@@ -84,6 +85,7 @@ def run_epoch(loop: MainLoop) -> bool:
         loop.current_batch = batch
         if before_batch is not None:
             before_batch(batch)
+        log.batch_in_progress = True  # records go to this batch's row until it is counted
         if buckets is not None and getattr(batch, "bucket_key", None) != bucket:
             executors = buckets.training_set(loop, batch)
             manager.use(executors)
@@ -97,6 +99,7 @@ def run_epoch(loop: MainLoop) -> bool:
         if queued is not None:
             queued()  # at most max_batches_ahead batches in flight
         status.iterations_done += 1
+        log.batch_in_progress = False
         status.iterations_done_in_epoch += 1
         if after_batch is not None:
             after_batch(batch)

@@ -1,10 +1,12 @@
 """The Extension API: firing conditions beside overridden hooks, predicates on the log,
-OnLogRecord, attach."""
+OnLogRecord, the row a record lands in, attach."""
 
+import mxnet as mx
 import pytest
+from conftest import classification_data
 from scripted import Script, small_loop
 
-from mxoid import Extension, FinishAfter, OnLogRecord, TrackBest
+from mxoid import Evaluate, Extension, FinishAfter, OnLogRecord, TrackBest
 from mxoid.extensions import FIRING_KEYWORDS, HOOKS
 
 
@@ -111,3 +113,44 @@ def test_attach_gives_the_loop():
     recorder = Recorder(after_epoch=True)
     loop = small_loop([recorder, FinishAfter(after_n_epochs=1)])
     assert recorder.main_loop is loop
+
+
+# ------------------------------------------------------------ the row a record lands in
+class WritesAtEveryHook(Extension):
+    """Writes ``<hook>`` = the batches done, at every hook of a batch."""
+
+    def _write(self, hook):
+        self.main_loop.log.current_row[hook] = self.main_loop.status.iterations_done
+
+    def before_batch(self, batch):
+        self._write("before_batch")
+
+    def after_backward(self, batch):
+        self._write("after_backward")
+
+    def before_update(self):
+        self._write("before_update")
+
+    def after_update(self):
+        self._write("after_update")
+
+    def after_batch(self, batch):
+        self._write("after_batch")
+
+
+def test_records_written_during_a_batch_land_in_the_row_of_that_batch():
+    """From after_backward to after_batch, the current row is the batch's own (as Evaluate's
+    records of that batch); before_batch writes in the row before, as it always did."""
+    X, y = classification_data(n=50, seed=3)
+    valid = mx.io.NDArrayIter(X, y, batch_size=25, label_name="softmax_label")
+    writer = WritesAtEveryHook()
+    evaluation = Evaluate({"valid": valid}, [mx.metric.Accuracy()], every_n_batches=2)
+    loop = small_loop([writer, evaluation, FinishAfter(after_n_epochs=1)]).run()
+    log = loop.log
+    for batch in range(1, 5):  # counted from 1: row b is the row of the b-th batch
+        assert log[batch]["after_backward"] == batch - 1  # the count comes after the step
+        assert log[batch]["before_update"] == log[batch]["after_update"] == batch - 1
+        assert log[batch]["after_batch"] == batch
+        assert log[batch - 1]["before_batch"] == batch - 1
+    assert {b for b in log if "valid_accuracy" in log[b]} == {2, 4}
+    assert all("after_backward" in log[b] for b in (2, 4))
