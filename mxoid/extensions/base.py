@@ -405,6 +405,16 @@ class Extension:
         """
         return []
 
+    @property
+    def planned_epochs(self) -> Optional[int]:
+        """The number of epochs after which this extension stops training, or None (here).
+
+        :class:`~mxoid.extensions.FinishAfter` answers its ``after_n_epochs``;
+        :class:`~mxoid.extensions.Printing` shows ``Epoch 3/20`` with the fewest
+        that the loop's extensions plan.
+        """
+        return None
+
     def private_head(self, request: HeadRequest) -> Any:
         """Return a symbol the training executors compute for this extension, or None.
 
