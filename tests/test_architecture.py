@@ -143,6 +143,30 @@ def test_the_loop_asks_extensions_only_through_the_extension_api():
         ), path
 
 
+def test_no_module_asks_whether_an_extension_is_a_particular_built_in():
+    """What one extension needs of the others goes through the Extension API
+    (``planned_epochs``, ``record_names``...), never ``isinstance(e, FinishAfter)``."""
+    import mxoid.extensions as extensions
+
+    built_in = {
+        name
+        for name in extensions.__all__
+        if isinstance(getattr(extensions, name), type)
+        and issubclass(getattr(extensions, name), extensions.Extension)
+        and name != "Extension"
+    }
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+                kinds = node.args[1] if len(node.args) == 2 else None
+                names = (
+                    {n.id for n in ast.walk(kinds) if isinstance(n, ast.Name)} if kinds else set()
+                )
+                assert not names & built_in, (
+                    f"{path}:{node.lineno} isinstance of {names & built_in}"
+                )
+
+
 def test_no_function_is_longer_than_100_lines_and_no_module_longer_than_450():
     for path in sorted(PACKAGE.rglob("*.py")):
         text = path.read_text()

@@ -1,8 +1,9 @@
 """Extensions: objects that act on the main loop at its hooks; the whole Extension API.
 
-:mod:`.base` holds the Extension class, its firing conditions and
-predicates (:class:`OnLogRecord`); :mod:`.dispatch` calls the hooks in
-order. The extensions, by theme: :mod:`.evaluation` (Evaluate) and
+:mod:`.base` holds the Extension class and its firing conditions,
+:mod:`.predicates` the predicates they use (:class:`OnLogRecord`, the counts
+:func:`every_n_batches`...); :mod:`.dispatch` calls the hooks in order. The
+extensions, by theme: :mod:`.evaluation` (Evaluate) and
 :mod:`.monitoring` (TrainingMonitoring), which share
 :mod:`.metrics_extension`; :mod:`.stopping` (FinishAfter, EarlyStopping,
 NaNGuard), :mod:`.selection` (TrackBest), :mod:`.training`
@@ -18,6 +19,7 @@ from .evaluation import Evaluate
 from .inspection import Monitor
 from .log_writers import CSVLog, JSONLinesLog
 from .monitoring import TrainingMonitoring
+from .predicates import after_n_batches, after_n_epochs, every_n_batches, every_n_epochs
 from .printing import Printing, ProgressBar
 from .saveload import Checkpoint
 from .selection import TrackBest
@@ -50,4 +52,8 @@ __all__ = [
     "Timing",
     "TrackBest",
     "TrainingMonitoring",
+    "after_n_batches",
+    "after_n_epochs",
+    "every_n_batches",
+    "every_n_epochs",
 ]

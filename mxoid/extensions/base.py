@@ -1,11 +1,13 @@
-"""The Extension base class, its firing conditions, and the predicates they use."""
+"""The Extension base class and its firing conditions (the predicates: :mod:`.predicates`)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Union
+
+from . import predicates
+from .predicates import Count, OnLogRecord, Predicate, always
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..log import TrainingLog
     from ..main_loop import MainLoop
 
 __all__ = ["FIRING_KEYWORDS", "HOOKS", "Extension", "HeadRequest", "OnLogRecord", "Predicate"]
@@ -37,21 +39,15 @@ HOOK_ARGUMENTS = {
 }
 """The arguments each hook is called with (the others take none)."""
 
-Predicate = Callable[["TrainingLog"], bool]
-"""A firing condition: called with the loop's log (``log.status`` holds the counters; the
-counters are also readable on the log itself, ``log.iterations_done``)."""
-
-
-def _every(counter: str, n: int) -> Predicate:
-    return lambda log: getattr(log.status, counter) % n == 0
-
-
-def _exactly(counter: str, n: int) -> Predicate:
-    return lambda log: getattr(log.status, counter) == n
-
-
-def _always(log: TrainingLog) -> bool:
-    return True
+COUNTED_IN: Dict[str, Callable[[int], Count]] = {
+    **dict.fromkeys(
+        ("before_batch", "after_backward", "before_update", "after_update", "after_batch"),
+        predicates.every_n_batches,
+    ),
+    "before_epoch": predicates.every_n_epochs,
+    "after_epoch": predicates.every_n_epochs,
+}
+"""The hooks a keyword may give a count (``after_backward=4``), and what the count counts."""
 
 
 def _positive(name: str, value: Optional[int]) -> Optional[int]:
@@ -60,40 +56,18 @@ def _positive(name: str, value: Optional[int]) -> Optional[int]:
     return value
 
 
-class OnLogRecord:
-    """A firing condition: true once for each row in which ``record`` is written, as Blocks'.
-
-    It holds at the first check after the record is written into the row of
-    the current iteration, and not again for that row (a record written in
-    ``after_batch`` and checked in both ``after_batch`` and ``after_epoch``
-    fires once). Give the same instance to the hooks it should watch.
-
-    Examples
-    --------
-    Save a checkpoint whenever TrackBest reports a new best validation accuracy::
-
-        best = TrackBest("valid_accuracy", mode="max")
-        keep = Checkpoint("runs/best", every_n_epochs=None, after_training=False,
-                          on_interrupt=False, keep_last=1)
-        keep.add_condition("after_epoch", OnLogRecord("valid_accuracy_new_best"))
-    """
-
-    def __init__(self, record: str) -> None:
-        if not isinstance(record, str) or not record:
-            raise ValueError(f"OnLogRecord needs a record name, got {record!r}")
-        self.record = record
-        self._fired: Optional[int] = None
-
-    def __call__(self, log: TrainingLog) -> bool:
-        """Return True if ``record`` was written in the current row, once per row."""
-        iteration = log.status.iterations_done
-        if self._fired == iteration or log.last_iteration(self.record) != iteration:
-            return False
-        self._fired = iteration
-        return True
-
-    def __repr__(self) -> str:
-        return f"OnLogRecord({self.record!r})"
+def _hook_keyword(hook: str, value: Union[bool, int, None]) -> Optional[Predicate]:
+    """Return the condition of a hook keyword: True (always), n (every n-th), or none."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return always
+    counted = COUNTED_IN.get(hook)
+    if counted is None or not isinstance(value, int) or value < 1:
+        takes = "True, or a positive int n: every n-th " if counted else "True or False"
+        what = ("epoch" if counted is predicates.every_n_epochs else "batch") if counted else ""
+        raise ValueError(f"{hook} takes {takes}{what}; got {value!r}")
+    return counted(value)
 
 
 class HeadRequest(NamedTuple):
@@ -136,12 +110,28 @@ class Extension:
        ``on_interrupt()``, ``on_error(exception)``.
        Hooks not overridden cost nothing: the loop never dispatches them.
     2. Implement :meth:`do` and pass firing conditions to the constructor
-       (``every_n_epochs=2``, ``after_n_batches=100``, ``after_training=True``
-       ...). ``do(which_callback, *args)`` then runs whenever one of the
-       conditions holds. Most built-in extensions do what they do this way,
-       so that users can change when they fire; a subclass sets its defaults
-       with ``kwargs.setdefault('after_epoch', True)`` before calling
-       ``super().__init__(**kwargs)``.
+       (``every_n_epochs=2``, ``after_n_batches=100``, ``after_training=True``,
+       ``after_backward=4``...). ``do(which_callback, *args)`` then runs
+       whenever one of the conditions holds. Most built-in extensions do what
+       they do this way, so that users can change when they fire; a subclass
+       sets its defaults with ``kwargs.setdefault('after_epoch', True)`` before
+       calling ``super().__init__(**kwargs)``.
+
+    Conditions add up, as in Blocks: at each hook, ``do`` runs once when any
+    of that hook's conditions holds, and each keyword adds its own. The count
+    keywords belong to one hook each: ``every_n_batches`` and
+    ``after_n_batches`` to ``after_batch``, ``every_n_epochs`` and
+    ``after_n_epochs`` to ``after_epoch``. So
+    ``Extension(after_backward=True, every_n_batches=4)`` runs
+    ``do('after_backward', batch)`` at every batch *and*
+    ``do('after_batch', batch)`` at every 4th. To run a hook every n batches or
+    epochs, give its keyword the count, as Ignite's ``Events.X(every=n)``:
+    ``after_backward=4`` (the hooks of a batch count batches, ``before_epoch``
+    and ``after_epoch`` count epochs), or add a count of
+    :mod:`~mxoid.extensions.predicates` to any hook:
+    ``add_condition('after_update', every_n_epochs(2))``. A count is the
+    number of the batch or epoch the hook belongs to: every hook of the 4th
+    batch sees 4, ``before_batch`` and ``after_backward`` included.
 
     Both mix: when a class overrides a hook that also has firing conditions,
     the override runs, then ``do`` if a condition holds, unless the override
@@ -162,9 +152,14 @@ class Extension:
     later hooks may run an evaluation on the same executors, which replaces
     them. Read the training pass in ``after_backward``.
 
+    Records written during a batch (from ``after_backward`` to ``after_batch``)
+    go into the row of that batch; those of ``before_batch``, into the row
+    before it (see :attr:`~mxoid.log.TrainingLog.current_row`).
+
     The loop checks each extension when it is built: a public method named
-    almost like a hook (``after_epochs``), a hook whose signature does not
-    take the hook's arguments, a subclass whose ``__init__`` did not call
+    almost like a hook (``after_epochs``) or named as another library's hook
+    (``on_epoch_end``), a hook whose signature does not take the hook's
+    arguments, a subclass whose ``__init__`` did not call
     ``super().__init__()``, or firing conditions without :meth:`do` are errors
     that say what to do.
 
@@ -183,8 +178,10 @@ class Extension:
         Fire once, when exactly n batches / epochs are done.
     before_training, before_epoch, before_batch, after_backward, before_update,
     after_update, after_batch, after_epoch, after_training, on_resumption,
-    on_interrupt, on_error : bool
-        Fire ``do`` at every occurrence of that hook.
+    on_interrupt, on_error : bool, or int for the hooks of a batch or an epoch
+        True: fire ``do`` at every occurrence of that hook. A positive int n
+        (hooks of a batch and ``before_epoch`` / ``after_epoch``): at that hook
+        of every n-th batch / epoch.
     rank_zero_only : bool, optional
         Override the class default of :attr:`rank_zero_only`.
 
@@ -229,13 +226,13 @@ class Extension:
         after_n_batches: Optional[int] = None,
         after_n_epochs: Optional[int] = None,
         before_training: bool = False,
-        before_epoch: bool = False,
-        before_batch: bool = False,
-        after_backward: bool = False,
-        before_update: bool = False,
-        after_update: bool = False,
-        after_batch: bool = False,
-        after_epoch: bool = False,
+        before_epoch: Union[bool, int] = False,
+        before_batch: Union[bool, int] = False,
+        after_backward: Union[bool, int] = False,
+        before_update: Union[bool, int] = False,
+        after_update: Union[bool, int] = False,
+        after_batch: Union[bool, int] = False,
+        after_epoch: Union[bool, int] = False,
         after_training: bool = False,
         on_resumption: bool = False,
         on_interrupt: bool = False,
@@ -263,16 +260,17 @@ class Extension:
             "on_error": on_error,
         }
         for hook in HOOKS:
-            if flags[hook]:
-                self.add_condition(hook)
+            condition = _hook_keyword(hook, flags[hook])
+            if condition is not None:
+                self.add_condition(hook, condition)
         if _positive("every_n_batches", every_n_batches):
-            self.add_condition("after_batch", _every("iterations_done", every_n_batches))
+            self.add_condition("after_batch", predicates.every_n_batches(every_n_batches))
         if _positive("every_n_epochs", every_n_epochs):
-            self.add_condition("after_epoch", _every("epochs_done", every_n_epochs))
+            self.add_condition("after_epoch", predicates.every_n_epochs(every_n_epochs))
         if _positive("after_n_batches", after_n_batches):
-            self.add_condition("after_batch", _exactly("iterations_done", after_n_batches))
+            self.add_condition("after_batch", predicates.after_n_batches(after_n_batches))
         if _positive("after_n_epochs", after_n_epochs):
-            self.add_condition("after_epoch", _exactly("epochs_done", after_n_epochs))
+            self.add_condition("after_epoch", predicates.after_n_epochs(after_n_epochs))
 
     def attach(self, loop: MainLoop) -> None:
         """Attach the extension to ``loop``: set ``self.main_loop``.
@@ -288,13 +286,17 @@ class Extension:
         """Fire :meth:`do` at ``hook`` when ``predicate(log)`` is true (always when None).
 
         The predicate receives the loop's log (``log.status`` holds the
-        counters), e.g. :class:`OnLogRecord`. Add conditions before the
-        extension is given to a ``MainLoop``. Returns the extension, so calls
-        can be chained.
+        counters), e.g. :class:`OnLogRecord`, or is a count of
+        :mod:`~mxoid.extensions.predicates` (``every_n_batches(4)``: at
+        ``hook`` of every 4th batch, whichever hook). A hook's conditions add
+        up: ``do`` runs when any holds. Add conditions before the extension is
+        given to a ``MainLoop``. Returns the extension, so calls can be chained.
         """
         if hook not in HOOKS:
             raise ValueError(f"unknown hook {hook!r}; the hooks are {list(HOOKS)}")
-        self.conditions.setdefault(hook, []).append(predicate or _always)
+        if isinstance(predicate, Count):
+            predicate = predicate.at(hook)
+        self.conditions.setdefault(hook, []).append(predicate or always)
         return self
 
     def overrides(self, hook: str) -> bool:
@@ -402,6 +404,16 @@ class Extension:
         (``training_finish_requested``, ``resumed_from``, ``error``).
         """
         return []
+
+    @property
+    def planned_epochs(self) -> Optional[int]:
+        """The number of epochs after which this extension stops training, or None (here).
+
+        :class:`~mxoid.extensions.FinishAfter` answers its ``after_n_epochs``;
+        :class:`~mxoid.extensions.Printing` shows ``Epoch 3/20`` with the fewest
+        that the loop's extensions plan.
+        """
+        return None
 
     def private_head(self, request: HeadRequest) -> Any:
         """Return a symbol the training executors compute for this extension, or None.

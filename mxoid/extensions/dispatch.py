@@ -16,6 +16,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from .base import HOOK_ARGUMENTS, HOOKS, Extension
 
 __all__ = [
+    "FOREIGN_HOOKS",
     "NOTHING_STOPS",
     "HookDispatcher",
     "HookTimes",
@@ -92,6 +93,57 @@ WRONG_SIGNATURE = (
     "{cls}.{hook}{signature} cannot take what the loop passes: it calls "
     "{hook}({arguments}). Define it as def {hook}(self{parameters}):"
 )
+ANOTHER_LIBRARYS_HOOK = (
+    "{cls}.{method} is a hook of {library}, not of mxoid, so the loop never calls it: "
+    "name it {hook}{note}. (The hooks are {hooks}.)"
+)
+_AFTER_EVALUATE = " (at a priority above the Evaluate's, to read its records)"
+FOREIGN_HOOKS: Dict[str, Tuple[str, str]] = {
+    # Keras
+    "on_train_begin": ("before_training", "Keras or Lightning"),
+    "on_train_end": ("after_training", "Keras or Lightning"),
+    "on_epoch_begin": ("before_epoch", "Keras"),
+    "on_epoch_end": ("after_epoch", "Keras"),
+    "on_batch_begin": ("before_batch", "Keras"),
+    "on_batch_end": ("after_batch", "Keras"),
+    "on_train_batch_begin": ("before_batch", "Keras"),
+    "on_train_batch_end": ("after_batch", "Keras or Lightning"),
+    "on_test_begin": ("after_epoch", "Keras"),
+    "on_test_end": ("after_epoch", "Keras"),
+    "on_test_batch_end": ("after_epoch", "Keras"),
+    # Lightning
+    "on_fit_start": ("before_training", "Lightning"),
+    "on_fit_end": ("after_training", "Lightning"),
+    "on_train_start": ("before_training", "Lightning"),
+    "on_train_epoch_start": ("before_epoch", "Lightning"),
+    "on_train_epoch_end": ("after_epoch", "Lightning"),
+    "on_train_batch_start": ("before_batch", "Lightning"),
+    "on_after_backward": ("after_backward", "Lightning"),
+    "on_before_optimizer_step": ("before_update", "Lightning"),
+    "on_before_zero_grad": ("after_update", "Lightning"),
+    "on_validation_start": ("after_epoch", "Lightning"),
+    "on_validation_end": ("after_epoch", "Lightning"),
+    "on_validation_epoch_start": ("after_epoch", "Lightning"),
+    "on_validation_epoch_end": ("after_epoch", "Lightning"),
+    "on_validation_batch_end": ("after_epoch", "Lightning"),
+    "on_exception": ("on_error", "Lightning"),
+    "on_keyboard_interrupt": ("on_interrupt", "Lightning"),
+    # Ignite's events, as methods
+    "on_started": ("before_training", "Ignite (Events.STARTED)"),
+    "on_epoch_started": ("before_epoch", "Ignite (Events.EPOCH_STARTED)"),
+    "on_iteration_started": ("before_batch", "Ignite (Events.ITERATION_STARTED)"),
+    "on_iteration_completed": ("after_batch", "Ignite (Events.ITERATION_COMPLETED)"),
+    "on_epoch_completed": ("after_epoch", "Ignite (Events.EPOCH_COMPLETED)"),
+    "on_completed": ("after_training", "Ignite (Events.COMPLETED)"),
+    "on_exception_raised": ("on_error", "Ignite (Events.EXCEPTION_RAISED)"),
+    "on_terminate": ("after_training", "Ignite (Events.TERMINATE)"),
+    # Blocks' before_first_epoch, which mxoid calls before_training
+    "before_first_epoch": ("before_training", "Blocks"),
+}
+"""Other libraries' hook names, and the mxoid hook to use instead (with the library named).
+
+Evaluations are not hooks in mxoid: :class:`~mxoid.extensions.Evaluate` runs in
+``after_epoch`` (or ``after_batch``) and writes records that later extensions read there."""
 NO_DO = (
     "{cls} has firing conditions ({conditions}) but does not implement "
     "do(which_callback, *args), which they call: implement do, or override the hooks "
@@ -103,9 +155,10 @@ def check_extension(extension: Extension) -> None:
     """Raise, saying what to do, for a mistake in an extension that would otherwise pass silently.
 
     A subclass whose ``__init__`` did not call ``super().__init__()``; a public
-    method named almost like a hook (``after_epochs``), which the loop would
-    never call; an overridden hook that cannot take the hook's arguments;
-    firing conditions without :meth:`~Extension.do`.
+    method named almost like a hook (``after_epochs``) or named as a hook of
+    Keras, Lightning, Ignite or Blocks (``on_epoch_end``: :data:`FOREIGN_HOOKS`),
+    which the loop would never call; an overridden hook that cannot take the
+    hook's arguments; firing conditions without :meth:`~Extension.do`.
 
     Raises
     ------
@@ -123,6 +176,14 @@ def check_extension(extension: Extension) -> None:
         if callable(value) and not name.startswith("_")
     }
     for method in sorted(own - set(HOOKS) - set(dir(Extension))):
+        if method in FOREIGN_HOOKS:
+            hook, library = FOREIGN_HOOKS[method]
+            note = _AFTER_EVALUATE if method.startswith(("on_test", "on_validation")) else ""
+            raise TypeError(
+                ANOTHER_LIBRARYS_HOOK.format(
+                    cls=cls, method=method, library=library, hook=hook, note=note, hooks=list(HOOKS)
+                )
+            )
         close = difflib.get_close_matches(method, HOOKS, n=1, cutoff=0.8)
         if close:
             raise TypeError(

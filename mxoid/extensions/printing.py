@@ -27,7 +27,6 @@ from ..log.records import (
     short_name,
 )
 from .base import Extension
-from .stopping import FinishAfter
 
 __all__ = ["Printing", "ProgressBar"]
 
@@ -59,9 +58,10 @@ class Printing(Extension):
         Batch 30/47 · epoch 2/20 · 0.21 s · train_acc 0.7828      (with every_n_batches)
         Training finished after 20 epochs and 940 batches (8.21 s): FinishAfter: 20 epochs done.
 
-    ``Epoch i/N``: N is the epoch limit of a :class:`~mxoid.extensions.FinishAfter`, when
-    there is one. The seconds are the epoch's own (from its start to the line, evaluation
-    and checkpoint included; on a batch line, since the epoch started); the last line
+    ``Epoch i/N``: N is the fewest :attr:`~Extension.planned_epochs` of the loop's
+    extensions (a :class:`~mxoid.extensions.FinishAfter`'s epoch limit), when one plans.
+    The seconds are the epoch's own (from its start to the line, evaluation and
+    checkpoint included; on a batch line, since the epoch started); the last line
     gives the total. Records are the numbers of the row at 4 significant digits, names
     shortened (:func:`~mxoid.log.records.short_name`: ``valid_acc``, ``valid_ce``). By
     default the records extensions react to (EarlyStopping's, ``Checkpoint``'s
@@ -176,12 +176,9 @@ class Printing(Extension):
         return None  # on_interrupt: the line at the end says it
 
     def _of_epochs(self, epoch: int) -> str:
-        """``3/20`` with the epoch limit of a FinishAfter, ``3`` without one."""
-        limits = [
-            extension.epoch_limit
-            for extension in self.main_loop.extensions
-            if isinstance(extension, FinishAfter) and extension.epoch_limit is not None
-        ]
+        """``3/20`` with the epochs the extensions plan (FinishAfter's), ``3`` without."""
+        planned = (extension.planned_epochs for extension in self.main_loop.extensions)
+        limits = [epochs for epochs in planned if epochs is not None]
         return f"{epoch}/{min(limits)}" if limits else str(epoch)
 
     def _with_records(self, head: str) -> str:

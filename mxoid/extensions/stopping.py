@@ -84,6 +84,11 @@ class FinishAfter(Extension):
         self._seconds_before = 0.0
         self._started: Optional[float] = None
 
+    @property
+    def planned_epochs(self) -> Optional[int]:
+        """``after_n_epochs`` (:attr:`epoch_limit`, which may be raised before ``run()`` again)."""
+        return self.epoch_limit
+
     def seconds_elapsed(self) -> float:
         """Seconds of training so far, including those before a resumption."""
         running = 0.0 if self._started is None else time.monotonic() - self._started

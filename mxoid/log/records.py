@@ -95,7 +95,7 @@ class RecordReader:
     """Reads a record at most once per write, so that no value is counted twice.
 
     A value is new when it was written in the current row (the row of
-    ``status.iterations_done``) and this reader has not read that row yet;
+    ``log.current_iteration``) and this reader has not read that row yet;
     a record written again in the same row is read once.
 
     Parameters
@@ -125,7 +125,7 @@ class RecordReader:
         similar name: a mistyped name would otherwise make its extension
         silently check nothing.
         """
-        iteration = log.status.iterations_done
+        iteration = log.current_iteration
         written = log.last_iteration(self.name)
         if written is None and not self._warned and log.status.epochs_done >= 1:
             self._warn_missing(log)

@@ -18,10 +18,12 @@ class TrainingLog(Mapping):
     """Records by iteration: ``log[i]`` is the row (a dict) of iteration ``i``.
 
     Row ``i`` holds what extensions wrote after ``i`` batches: records of
-    ``before_training`` land in row 0, those written in ``after_batch`` or
-    ``after_epoch`` in the row of the iteration just completed. Rows are
-    created on first write, so iterations nobody wrote about take no memory
-    and are absent from :meth:`items`.
+    ``before_training`` land in row 0, those written during batch ``i``
+    (``after_backward``, ``before_update``, ``after_update``, ``after_batch``)
+    or in ``after_epoch`` in row ``i``; ``before_batch`` of batch ``i`` writes
+    in row ``i - 1``, before the batch starts. Rows are created on first
+    write, so iterations nobody wrote about take no memory and are absent
+    from :meth:`items`.
 
     Attributes
     ----------
@@ -29,6 +31,10 @@ class TrainingLog(Mapping):
         The loop's counters (the same object as ``MainLoop.status``).
     epoch_ends : list of int
         The iteration at which each epoch ended, in order.
+    batch_in_progress : bool
+        Set by the loop from the end of ``before_batch`` until the batch is
+        counted (``status.iterations_done``): meanwhile the current row is
+        that batch's, one ahead of the count.
 
     Examples
     --------
@@ -45,6 +51,7 @@ class TrainingLog(Mapping):
         self._rows: Dict[int, Dict[str, Any]] = {}
         self._latest: Dict[str, Tuple[int, Any]] = {}
         self.epoch_ends: List[int] = []
+        self.batch_in_progress = False
 
     def __getitem__(self, iteration: int) -> Dict[str, Any]:
         return self._rows[iteration]
@@ -78,14 +85,23 @@ class TrainingLog(Mapping):
         return found
 
     @property
+    def current_iteration(self) -> int:
+        """The iteration of :attr:`current_row`: the batch in progress, or the batches done.
+
+        ``status.iterations_done``, plus one from ``after_backward`` to just
+        before ``after_batch``, when the batch is trained but not yet counted.
+        """
+        return self.status.iterations_done + self.batch_in_progress
+
+    @property
     def current_row(self) -> Dict[str, Any]:
-        """The row of the current iteration (``status.iterations_done``), for writing records."""
-        return self.row(self.status.iterations_done)
+        """The row of the current iteration (:attr:`current_iteration`), for writing records."""
+        return self.row(self.status.iterations_done + self.batch_in_progress)
 
     @property
     def previous_row(self) -> Dict[str, Any]:
         """The row of the iteration before the current one (empty when absent)."""
-        return self._rows.get(self.status.iterations_done - 1, {})
+        return self._rows.get(self.current_iteration - 1, {})
 
     def last(self, name: str, default: Any = _MISSING) -> Any:
         """Return the newest value of record ``name``.
@@ -155,6 +171,7 @@ class TrainingLog(Mapping):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Replace the rows and status with those of :meth:`state_dict`."""
         self.status.load_state_dict(state["status"])
+        self.batch_in_progress = False
         self._rows.clear()
         self._latest.clear()
         self.epoch_ends = [int(i) for i in state.get("epoch_ends", [])]

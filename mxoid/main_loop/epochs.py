@@ -112,6 +112,7 @@ class Training:
         """
         status = self.status
         self.stops.start()
+        self.log.batch_in_progress = False  # a batch that failed in an earlier run() is over
         again = status.training_finished
         if again:
             status.training_finished = status.stop_requested = False
@@ -129,7 +130,7 @@ class Training:
     def run_epoch(self) -> bool:
         """Train the rest of the epoch; return False when a stop was requested mid-epoch."""
         status, manager, dispatcher = self.status, self.manager, self.dispatcher
-        network = self.network
+        network, log = self.network, self.log
         if not status.epoch_started:
             if status.epochs_done > 0:
                 self.data_position.reset()
@@ -149,6 +150,7 @@ class Training:
             self.current_batch = batch
             if before_batch is not None:
                 before_batch(batch)
+            log.batch_in_progress = True  # records go to this batch's row until it is counted
             if switching and network.key_of(batch) != key:
                 executors = network.training_set(manager, batch, self.ask_heads)
                 manager.use(executors)
@@ -162,6 +164,7 @@ class Training:
             if queued is not None:
                 queued()  # at most max_batches_ahead batches in flight
             status.iterations_done += 1
+            log.batch_in_progress = False
             status.iterations_done_in_epoch += 1
             if after_batch is not None:
                 after_batch(batch)

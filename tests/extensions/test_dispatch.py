@@ -1,11 +1,19 @@
-"""The hook dispatcher: order, ranks, errors in on_error hooks, and the extensions' states."""
+"""The hook dispatcher: order, ranks, errors in on_error hooks, and the extensions' states;
+the hooks of other libraries refused."""
 
 import logging
 
 import pytest
+from scripted import small_loop
 
-from mxoid import Extension
-from mxoid.extensions.dispatch import NOTHING_STOPS, HookDispatcher, check_extensions
+from mxoid import Extension, FinishAfter
+from mxoid.extensions import HOOKS
+from mxoid.extensions.dispatch import (
+    FOREIGN_HOOKS,
+    NOTHING_STOPS,
+    HookDispatcher,
+    check_extensions,
+)
 
 
 class Named(Extension):
@@ -70,3 +78,47 @@ def test_check_extensions_says_what_is_wrong():
     assert "FinishAfter" in NOTHING_STOPS
     with pytest.raises(TypeError, match="not int"):
         check_extensions(3)
+
+
+# ------------------------------------------------------------ other libraries' hooks
+class KerasStyle(Extension):
+    """A Keras habit: the loop would never call on_epoch_end."""
+
+    def on_epoch_end(self):
+        pass
+
+
+def test_a_keras_hook_is_refused_when_the_loop_is_built_naming_the_mxoid_hook():
+    with pytest.raises(TypeError, match=r"KerasStyle.on_epoch_end is a hook of Keras") as info:
+        small_loop([KerasStyle(), FinishAfter(after_n_epochs=1)])
+    assert "name it after_epoch" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "method, hook",
+    [
+        ("on_epoch_begin", "before_epoch"),
+        ("on_train_batch_end", "after_batch"),
+        ("on_batch_end", "after_batch"),
+        ("on_batch_begin", "before_batch"),
+        ("on_train_begin", "before_training"),
+        ("on_train_end", "after_training"),
+        ("on_validation_end", "after_epoch"),
+        ("on_train_epoch_end", "after_epoch"),
+        ("on_validation_epoch_end", "after_epoch"),
+        ("on_after_backward", "after_backward"),
+        ("on_before_optimizer_step", "before_update"),
+        ("on_exception", "on_error"),
+        ("on_epoch_completed", "after_epoch"),
+        ("on_iteration_completed", "after_batch"),
+    ],
+)
+def test_hooks_of_keras_lightning_and_ignite_are_refused_naming_the_mxoid_hook(method, hook):
+    cls = type("Habit", (Extension,), {method: lambda self, *args: None, "stops_training": True})
+    with pytest.raises(TypeError, match=rf"Habit.{method} is a hook of .*name it {hook}\b"):
+        check_extensions([cls()])
+
+
+def test_every_foreign_hook_names_a_hook_of_mxoid_and_none_is_one():
+    assert all(hook in HOOKS for hook, _ in FOREIGN_HOOKS.values())
+    assert not set(FOREIGN_HOOKS) & set(HOOKS)

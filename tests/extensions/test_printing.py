@@ -167,6 +167,34 @@ def test_printing_without_an_epoch_limit_counts_epochs_alone(capsys):
     assert lines[2].endswith("FinishAfter: 6 batches done.")
 
 
+class Budget(Extension):
+    """A stop of one's own that plans its epochs: Printing shows them, as FinishAfter's."""
+
+    stops_training = True
+
+    def __init__(self, epochs, **kwargs):
+        kwargs.setdefault("after_epoch", True)
+        super().__init__(**kwargs)
+        self.epochs = epochs
+
+    @property
+    def planned_epochs(self):
+        return self.epochs
+
+    def do(self, which_callback, *args):
+        if self.main_loop.status.epochs_done >= self.epochs:
+            self.main_loop.request_stop(f"budget of {self.epochs} epochs spent")
+
+
+def test_printing_asks_every_extension_for_its_planned_epochs(capsys):
+    small_loop([Printing(), Budget(2), FinishAfter(after_n_epochs=5)]).run()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("Epoch 1/2 · ") and lines[2].startswith("Epoch 2/2 · ")
+    assert FinishAfter(after_n_epochs=5).planned_epochs == 5
+    assert Extension().planned_epochs is None
+    assert FinishAfter(after_n_batches=5).planned_epochs is None
+
+
 class Sleep(Extension):
     """Host work of its own in every batch: ``seconds`` a batch."""
 
