@@ -8,7 +8,7 @@ order. The extensions, by theme: :mod:`.evaluation` (Evaluate) and
 NaNGuard), :mod:`.selection` (TrackBest), :mod:`.training`
 (LearningRateSchedule, ReduceLROnPlateau, ClipGradientNorm), :mod:`.inspection`
 (Monitor), :mod:`.data_check` (DataCheck), :mod:`.saveload` (Checkpoint), :mod:`.printing`
-(Printing, ProgressBar), :mod:`.timing` (Timing), :mod:`.log_writers`
+(Printing), :mod:`.progress` (ProgressBar), :mod:`.timing` (Timing), :mod:`.log_writers`
 (JSONLinesLog, CSVLog), :mod:`.tensorboard` (TensorBoard).
 """
 
@@ -18,7 +18,8 @@ from .evaluation import Evaluate
 from .inspection import Monitor
 from .log_writers import CSVLog, JSONLinesLog
 from .monitoring import TrainingMonitoring
-from .printing import Printing, ProgressBar
+from .printing import Printing
+from .progress import ProgressBar
 from .saveload import Checkpoint
 from .selection import TrackBest
 from .stopping import EarlyStopping, FinishAfter, NaNGuard
