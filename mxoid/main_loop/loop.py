@@ -115,8 +115,10 @@ class MainLoop(LoopQueries):
         wrote (a shared file system) and takes its own iterator position and
         random states from it (:mod:`mxoid.main_loop.ranks`).
     exit_on_interrupt : bool, default True
-        After Ctrl-C or SIGTERM has stopped training cleanly, exit with status
-        128 + signal number and a message saying how to resume (False: return).
+        After Ctrl-C or SIGTERM has stopped training cleanly (``on_interrupt``
+        and ``after_training`` hooks run), exit the process with status
+        128 + signal number and a message saying how to resume. False makes
+        :meth:`run` return instead.
     fixed_param_names : sequence of str, optional
         Parameters that are never updated, as ``Module``'s: they get no
         gradient (and cost no backward work for themselves) and keep their
@@ -193,7 +195,8 @@ class MainLoop(LoopQueries):
 
     stop_agreement_batches: int = 20
     """In distributed training, the workers agree every this many batches (and at every epoch
-    end) on whether one of them asked to stop: one small exchange through the servers."""
+    end) on whether one of them asked to stop; a stop asked on one worker takes effect on all
+    at the next agreement. Each agreement is one small exchange through the servers."""
 
     def __init__(
         self,

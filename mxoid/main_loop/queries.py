@@ -50,8 +50,9 @@ class LoopQueries:
     ) -> Dict[str, np.ndarray]:
         """Return output name -> NumPy array over the iterator's real samples, as of now.
 
-        As ``Module.predict(merge_batches=True)``: a last batch's padding dropped;
-        ``outputs`` picks some (``'softmax'``). See :func:`mxoid.inference.predict_on`.
+        As ``Module.predict(merge_batches=True)``: the padding of a last batch
+        is dropped; ``outputs`` picks some (``'softmax'``); the iterator needs
+        no labels and is reset before and after. See :func:`mxoid.inference.predict_on`.
         """
         from ..inference import predict_on
 
@@ -64,7 +65,8 @@ class LoopQueries:
     ) -> Dict[str, float]:
         """Return the records :class:`~mxoid.extensions.Evaluate` computes on ``iterator`` now.
 
-        Records ``<name>_<metric>``; nothing is logged. Every worker calls it.
+        ``metrics`` as Evaluate takes them; records ``<name>_<metric>``; nothing
+        is logged. In distributed training every worker calls it.
         """
         from ..inference import score_on
 
