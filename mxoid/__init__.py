@@ -12,9 +12,11 @@ import importlib.util
 import sys
 import warnings
 from importlib import import_module
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Optional
 
-__version__ = "0.4.0"
+from .lazy import lazy_exports
+
+__version__ = "0.5.0"
 
 _EXPORTS = {
     "Checkpoint": "extensions",
@@ -82,27 +84,6 @@ MOVED = {
 """Old module names -> where the module lives now (``mxoid.launch`` is kept as a module of
 its own, for ``python -m mxoid.launch``; ``mxoid.main_loop``, ``mxoid.executor_manager`` and
 ``mxoid.update`` are folders now, and import the same names as before)."""
-
-
-def lazy_exports(package: str, exports: Dict[str, str]) -> Tuple[Any, Any]:
-    """Return ``__getattr__`` and ``__dir__`` for a package whose names are imported on use.
-
-    ``exports`` maps each public name to the submodule (relative to ``package``) defining it.
-    """
-    module = sys.modules[package]
-
-    def getattr_(name: str) -> Any:
-        where = exports.get(name)
-        if where is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(import_module(f".{where}", package), name)
-        setattr(module, name, value)
-        return value
-
-    def dir_() -> List[str]:
-        return sorted(set(vars(module)) | set(exports))
-
-    return getattr_, dir_
 
 
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -3,7 +3,8 @@
 - :mod:`.format`: one checkpoint folder, written atomically;
 - :mod:`.reading`: one checkpoint folder read and verified;
 - :mod:`.directory`: a directory of checkpoints: their order, the lock of the run
-  writing them, tidying after interrupted writes, and what ``resume_from`` names;
+  writing them, tidying after interrupted writes (together, for that run:
+  :class:`RunDirectory`), and what ``resume_from`` names;
 - :mod:`.random_state`: NumPy's and Python's random states as plain data;
 - :mod:`.loading`: models and parameters from mxoid's and MXNet's files.
 
@@ -14,6 +15,7 @@ the loop puts in them, and how a checkpoint resumes it, is the loop's own
 
 from .directory import (
     DirectoryLock,
+    RunDirectory,
     clean_temporaries,
     find_checkpoint,
     is_checkpoint_folder,
@@ -40,6 +42,7 @@ __all__ = [
     "CheckpointError",
     "DirectoryLock",
     "ResumeError",
+    "RunDirectory",
     "checkpoint_name",
     "clean_temporaries",
     "find_checkpoint",

@@ -1,7 +1,10 @@
 """A directory of checkpoints, and what ``resume_from`` names.
 
 The checkpoints of a directory in order, the lock of the run writing them,
-and tidying up after interrupted writes.
+and tidying up after interrupted writes; :class:`RunDirectory` puts these
+together for the run that writes into a directory (the ``Checkpoint``
+extension): locked, tidied, refused when it holds another run's checkpoints,
+pruned of this run's older ones only.
 
 What ``resume_from`` accepts (:func:`find_checkpoint`)
 ------------------------------------------------------
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import shutil
 import socket
@@ -37,6 +41,7 @@ from .format import (
     CheckpointContents,
     CheckpointError,
     CheckpointVanished,
+    checkpoint_name,
     fix_for,
     unique_token,
 )
@@ -44,6 +49,7 @@ from .reading import read_checkpoint, read_manifest
 
 __all__ = [
     "DirectoryLock",
+    "RunDirectory",
     "clean_temporaries",
     "find_checkpoint",
     "is_checkpoint_folder",
@@ -57,6 +63,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
 
 LOCK = ".mxoid-lock"
 LOCKED = (
@@ -72,6 +80,17 @@ NOT_FOUND = (
     "resume_from={path!r} does not exist. To resume, give the directory a Checkpoint "
     "extension wrote into (or one checkpoint folder inside it); to start a new run, "
     "give no resume_from, or the directory of this loop's own Checkpoint"
+)
+OTHER_RUN = (
+    "checkpoint directory {directory} already holds checkpoints of another run (newest: "
+    "{newest}). A new run there would prune them, and a later resume_from={directory!r} could "
+    "continue the wrong run. Resume that run with MainLoop(..., resume_from={directory!r}), "
+    "give this run another directory, or pass Checkpoint(..., require_empty=False) to write "
+    "beside them (this run then never deletes them)"
+)
+DAMAGED_LEFT = (
+    "{error}. It is left in place: resumption skips it and this run never deletes it "
+    "(remove it once it is of no use)"
 )
 ALL_DAMAGED = (
     "every checkpoint in {path} is damaged, so there is nothing to resume from:\n"
@@ -311,6 +330,92 @@ class DirectoryLock:
         if self._descriptor is not None:
             os.close(self._descriptor)
             self._descriptor = None
+
+
+class RunDirectory:
+    """The directory of checkpoints one run writes into, from its start to its end.
+
+    :meth:`open` takes the directory's :class:`DirectoryLock` (created if
+    needed and checked to be writable: an unwritable directory is reported
+    when training starts, not at the first save; a second process writing
+    into it gets a clear error), tidies what interrupted writes left
+    (:func:`clean_temporaries`) and, with ``require_empty``, refuses a
+    directory holding checkpoints of another run (``best`` included); without
+    it the run writes beside them and never deletes them. A
+    folder whose manifest cannot be read belongs to no run that can be told:
+    it is left in place, with a warning. :meth:`close` releases the lock.
+    :meth:`new_folder` names the next checkpoint, and :meth:`prune` deletes
+    only the given run's older checkpoints.
+
+    Parameters
+    ----------
+    path : str
+        The directory.
+    best : str, default 'best'
+        The folder of the best checkpoint, beside the numbered ones.
+    log : logging.Logger, optional
+        Where what was tidied and the damaged folders left are told, as
+        warnings; this module's logger by default.
+
+    Raises
+    ------
+    CheckpointError
+        From :meth:`open`: the lock is held elsewhere, the directory cannot be
+        written, or it holds another run's checkpoints (the lock is released).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        best: str = "best",
+        log: Optional[logging.Logger] = None,
+    ) -> None:
+        self.path = path
+        self.best = best
+        self.lock = DirectoryLock(path)
+        self._log = log or logger
+
+    def open(self, run_id: str, require_empty: bool = True) -> None:
+        """Lock the directory and tidy it; refuse it if it holds another run's checkpoints.
+
+        Another run's checkpoints are refused only with ``require_empty``.
+        """
+        self.lock.acquire()
+        try:
+            for path, what in clean_temporaries(self.path):
+                self._log.warning("%s %s", path, what)
+            if require_empty:  # a folder whose manifest cannot be read is left, with a warning
+                others, damaged = other_runs(self.path, run_id, self.best)
+                for error in damaged:
+                    self._log.warning(DAMAGED_LEFT.format(error=error))
+                if others:
+                    raise CheckpointError(OTHER_RUN.format(directory=self.path, newest=others[-1]))
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def close(self) -> None:
+        """Release the directory's lock, if held."""
+        self.lock.release()
+
+    def new_folder(self, epochs_done: int, iterations_done: int) -> Tuple[int, str]:
+        """Return the sequence number and the path of the next checkpoint folder."""
+        sequence = next_sequence(self.path)
+        return sequence, os.path.join(
+            self.path, checkpoint_name(sequence, epochs_done, iterations_done)
+        )
+
+    def prune(self, run_id: str, keep_last: Optional[int]) -> None:
+        """Delete the checkpoints of ``run_id`` but its newest ``keep_last`` (None keeps all).
+
+        Another run's checkpoints, ``best`` and folders whose run cannot be
+        told are never deleted.
+        """
+        if keep_last is None:
+            return
+        mine = [path for path in list_checkpoints(self.path) if run_of(path) == run_id]
+        for path in mine[:-keep_last]:
+            remove_checkpoint(path)
 
 
 def find_checkpoint(

@@ -15,7 +15,7 @@ The names are imported on first use, so that ``mxoid launch`` starts without loa
 
 import os
 
-from .. import lazy_exports
+from ..lazy import lazy_exports
 
 if os.environ.get("DMLC_ROLE") == "worker":
     from .exits import install_worker_exit_hooks

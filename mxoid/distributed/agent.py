@@ -57,12 +57,12 @@ def facts(directory: str = "", address: str = "") -> Dict[str, object]:
     """
     import importlib.metadata
 
-    import mxoid
-
-    try:
-        mxnet: Optional[str] = importlib.metadata.version("mxnet")
-    except importlib.metadata.PackageNotFoundError:
-        mxnet = None
+    versions: Dict[str, Optional[str]] = {}
+    for package in ("mxnet", "mxoid"):  # as installed (mxoid's: the root's __version__)
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
     bind = ""
     if address:
         try:
@@ -72,8 +72,8 @@ def facts(directory: str = "", address: str = "") -> Dict[str, object]:
             bind = str(error)
     return {
         "python": sys.version.split()[0],
-        "mxnet": mxnet,
-        "mxoid": mxoid.__version__,
+        "mxnet": versions["mxnet"],
+        "mxoid": versions["mxoid"],
         "cwd": bool(directory) and os.path.isdir(directory),
         "bind": bind,
     }

@@ -62,23 +62,33 @@ class ExecutorSet:
     """The executors of ``symbol`` for inputs of one set of shapes: one per device.
 
     A batch of ``batch_size`` rows is split across the devices by
-    ``work_load_list``. A set bound with ``shared`` (the manager's training
-    set) takes that set's parameter, gradient and auxiliary arrays by name,
-    the same arrays, and allocates from its memory pool (``shared_exec``); for
-    training (a bucket's set) or forward passes only. A forward-only set given
-    fewer rows than devices binds the first ``batch_size`` devices, one row each.
+    ``work_load_list``. A set bound with ``shared`` (another set: the
+    manager's training set) takes that set's parameter, gradient and
+    auxiliary arrays by name, the same arrays and not copies, and allocates
+    its own memory from that set's pool (``shared_exec``); it must not need
+    parameters of other shapes. Such a set is for training (a bucket's set)
+    or for forward passes only. A set for forward passes only given fewer
+    rows than devices binds the first ``batch_size`` devices, one row each
+    (:func:`~mxoid.executor_manager.devices.forward_work_load`).
 
     Parameters
     ----------
-    symbol, contexts : the network, and the devices.
+    symbol : mx.sym.Symbol
+        The network.
+    contexts : sequence of mx.Context
+        The devices.
     data_descs, label_descs : sequence of DataDesc or (name, shape)
         The inputs; the first dimension is the batch size.
     work_load_list : sequence of float
         Each device's share of a batch.
     shared : ExecutorSet, optional
         The set whose arrays and memory this one shares.
-    fixed_param_names, grad_req, for_training
-        As the manager's (``for_training=False``: no gradient at all).
+    fixed_param_names : sequence of str
+        Parameters that get no gradient.
+    grad_req : {'write', 'add'}
+        As the manager's.
+    for_training : bool
+        False binds no gradient at all.
     private_heads : sequence of mx.sym.Symbol
         Outputs for mxoid, bound after the symbol's (see
         :mod:`~mxoid.executor_manager.private_heads`).
@@ -251,8 +261,9 @@ class ExecutorSet:
         passes only (no memory is added): an executor bound with
         ``grad_req='null'`` is fused by MXNet's MKLDNN subgraph backend, which
         caches the weights at its first forward and then silently uses stale
-        weights. A private head's arrays (sums, switches) are the set's own; a
-        tally (one count over every set) is shared where the shared set has it.
+        weights. A private head's arrays (running sums, switches) are the set's
+        own, each set's sums read apart; a tally (one count over every set) is
+        shared where the shared set has it.
         """
         base = self.shared.executors[device]
         symbol = self.bound_symbol

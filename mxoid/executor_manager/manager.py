@@ -46,11 +46,15 @@ class DataParallelExecutorManager:
 
     The executors are held in executor sets (:class:`ExecutorSet`): the
     training set, bound with the manager for the inputs it is given, and
-    sets bound on first use (:meth:`executor_set`: an evaluation iterator of
-    another batch size, a bucket's graph), cached by key, which share the
-    training set's arrays and memory pool, as ``BucketingModule`` binds each
-    bucket with a ``shared_module``. The batch methods and attributes are
-    those of the current set (:meth:`use`), the training set by default.
+    sets bound on first use for other inputs (:meth:`executor_set`: an
+    evaluation iterator of another batch size, a prediction batch, a bucket's
+    graph), cached by their key, which share the training set's parameter,
+    gradient and auxiliary arrays (the same arrays) and allocate from its
+    memory pool, as ``BucketingModule`` binds each bucket with a
+    ``shared_module``. The batch methods and attributes
+    (:meth:`load_data_batch`, :meth:`forward`, :meth:`backward`,
+    :attr:`outputs`, :attr:`labels`, :attr:`valid_rows`) are those of the
+    current set (:meth:`use`), the training set by default.
 
     Parameters
     ----------
@@ -62,7 +66,7 @@ class DataParallelExecutorManager:
         The inputs, as ``DataIter.provide_data`` / ``provide_label`` give them.
         The first dimension is the batch size.
     work_load_list : sequence of float, optional
-        Relative share of each device (even by default).
+        Relative share of each device. Even by default.
     shared_manager : DataParallelExecutorManager, optional
         Share ``shared_manager``'s training arrays and memory, for forward
         passes only (what :meth:`executor_set` does within one manager). A
@@ -232,7 +236,11 @@ class DataParallelExecutorManager:
         return found
 
     def use(self, executors: ExecutorSet) -> None:
-        """Run the batch methods on ``executors``: the training set, or a bucket's set."""
+        """Run the batch methods and attributes on ``executors`` from now on.
+
+        The training set, or a set of :meth:`executor_set` bound ``for_training``
+        (a bucket's).
+        """
         if not executors.for_training:
             raise ValueError("the manager's current executors train: use a set bound for_training")
         self.current = executors
@@ -283,9 +291,12 @@ class DataParallelExecutorManager:
     def running_sums(self) -> Dict[str, List[mx.nd.NDArray]]:
         """The running sums of the training set's private heads, by name, one array per device.
 
-        See :mod:`~mxoid.executor_manager.private_heads`: the executors add
-        every training batch's values to them. Never parameters, never
-        checkpointed, never zeroed by the manager.
+        Named ``_mxoid_running_sums...`` (see
+        :data:`~mxoid.executor_manager.private_heads.RUNNING_SUMS_PREFIX`); the
+        executors add every training batch's values to them: an argument's
+        gradients bound with ``grad_req='add'``, or an auxiliary state that the
+        head's operator adds to in forward passes for training only. Never
+        parameters, never checkpointed, never zeroed by the manager.
         """
         return self.training_set.running_sums
 
@@ -436,7 +447,8 @@ class DataParallelExecutorManager:
 
         Waiting for the whole engine (``mx.nd.waitall()``) is the only wait
         that covers the undeclared write (a signal is handled at once meanwhile:
-        :mod:`.waiting`). Extensions call ``main_loop.synchronize()``.
+        :mod:`.waiting`). An extension that reads the network calls
+        ``main_loop.synchronize()`` (the same thing) first.
         """
         wait_for(mx.nd.waitall)
 

@@ -9,7 +9,7 @@ extensions, by theme: :mod:`.evaluation` (Evaluate) and
 NaNGuard), :mod:`.selection` (TrackBest), :mod:`.training`
 (LearningRateSchedule, ReduceLROnPlateau, ClipGradientNorm), :mod:`.inspection`
 (Monitor), :mod:`.data_check` (DataCheck), :mod:`.saveload` (Checkpoint), :mod:`.printing`
-(Printing, ProgressBar), :mod:`.timing` (Timing), :mod:`.log_writers`
+(Printing), :mod:`.progress` (ProgressBar), :mod:`.timing` (Timing), :mod:`.log_writers`
 (JSONLinesLog, CSVLog), :mod:`.tensorboard` (TensorBoard).
 """
 
@@ -20,7 +20,8 @@ from .inspection import Monitor
 from .log_writers import CSVLog, JSONLinesLog
 from .monitoring import TrainingMonitoring
 from .predicates import after_n_batches, after_n_epochs, every_n_batches, every_n_epochs
-from .printing import Printing, ProgressBar
+from .printing import Printing
+from .progress import ProgressBar
 from .saveload import Checkpoint
 from .selection import TrackBest
 from .stopping import EarlyStopping, FinishAfter, NaNGuard

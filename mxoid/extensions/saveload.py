@@ -8,17 +8,8 @@ from typing import Any, Dict, List, Optional
 
 import mxnet as mx
 
-from ..checkpoint import (
-    CheckpointError,
-    DirectoryLock,
-    checkpoint_name,
-    clean_temporaries,
-    list_checkpoints,
-    next_sequence,
-    remove_checkpoint,
-    write_checkpoint,
-)
-from ..checkpoint.directory import other_runs, run_of
+from ..checkpoint import write_checkpoint
+from ..checkpoint.directory import RunDirectory
 from ..distributed.servers import is_distributed
 from ..log.records import (
     BEST_CHECKPOINT,
@@ -39,19 +30,6 @@ logger = logging.getLogger(__name__)
 
 _HIGHER_IS_BETTER = ("acc", "f1", "auc", "precision", "recall", "top_k")
 BEST = "best"
-
-OTHER_RUN = (
-    "checkpoint directory {directory} already holds checkpoints of another run (newest: "
-    "{newest}). A new run there would prune them, and a later resume_from={directory!r} could "
-    "continue the wrong run. Resume that run with MainLoop(..., resume_from={directory!r}), "
-    "give this run another directory, or pass Checkpoint(..., require_empty=False) to write "
-    "beside them (this run then never deletes them)"
-)
-
-DAMAGED_LEFT = (
-    "{error}. It is left in place: resumption skips it and this run never deletes it "
-    "(remove it once it is of no use)"
-)
 
 
 class Checkpoint(Extension):
@@ -193,7 +171,7 @@ class Checkpoint(Extension):
         self.sequence = 0
         self.last_saved: Optional[str] = None
         self._last_counters: Optional[list] = None
-        self._lock = DirectoryLock(self.directory)
+        self._run_directory = RunDirectory(self.directory, BEST, log=logger)
         self._points = SavePoints()
         self._interrupted = False  # distributed: a save on interruption, made after training
 
@@ -241,21 +219,7 @@ class Checkpoint(Extension):
             check_best_everywhere(self.save_best_of, self.main_loop.extensions)
         if self.main_loop.status.rank != 0:
             return
-        self._lock.acquire()
-        try:
-            for path, what in clean_temporaries(self.directory):
-                logger.warning("%s %s", path, what)
-            if self.require_empty:  # a folder whose manifest cannot be read is left, with a warning
-                others, damaged = other_runs(self.directory, self.main_loop.run_id, BEST)
-                for error in damaged:
-                    logger.warning(DAMAGED_LEFT.format(error=error))
-                if others:
-                    raise CheckpointError(
-                        OTHER_RUN.format(directory=self.directory, newest=others[-1])
-                    )
-        except BaseException:
-            self._lock.release()
-            raise
+        self._run_directory.open(self.main_loop.run_id, self.require_empty)
 
     def _distributed(self) -> bool:
         return is_distributed(self.main_loop.kvstore)
@@ -275,11 +239,11 @@ class Checkpoint(Extension):
                     self.save()
         finally:
             self._interrupted = False
-            self._lock.release()
+            self._run_directory.close()
 
     def on_error(self, exception: BaseException) -> None:
         """Release the directory's lock."""
-        self._lock.release()
+        self._run_directory.close()
 
     # --------------------------------------------------------------- firing
     def do(self, which_callback: str, *args: Any) -> None:
@@ -332,13 +296,10 @@ class Checkpoint(Extension):
         counters = _counters(status)
         if counters == self._last_counters:
             return self.last_saved
-        sequence = next_sequence(self.directory)
-        path = os.path.join(
-            self.directory, checkpoint_name(sequence, status.epochs_done, status.iterations_done)
-        )
+        sequence, path = self._run_directory.new_folder(status.epochs_done, status.iterations_done)
         self._write(path, sequence, CHECKPOINT_SAVED_TO, rank_states)
         logger.info("checkpoint saved to %s", path)
-        self._prune()
+        self._run_directory.prune(loop.run_id, self.keep_last)
         return path
 
     def _write(
@@ -408,17 +369,6 @@ class Checkpoint(Extension):
         path = os.path.join(self.directory, BEST)
         self._write(path, None, None, rank_states)
         logger.info("best %s = %g: saved to %s", self.save_best_of, self.best.value, path)
-
-    def _prune(self) -> None:
-        if self.keep_last is None:
-            return
-        mine = [
-            path
-            for path in list_checkpoints(self.directory)
-            if run_of(path) == self.main_loop.run_id
-        ]
-        for path in mine[: -self.keep_last]:
-            remove_checkpoint(path)
 
     # ---------------------------------------------------------------- state
     def state_dict(self) -> Dict[str, Any]:

@@ -121,8 +121,10 @@ class MainLoop:
         wrote (a shared file system) and takes its own iterator position and
         random states from it (:mod:`mxoid.main_loop.ranks`).
     exit_on_interrupt : bool, default True
-        After Ctrl-C or SIGTERM has stopped training cleanly, exit with status
-        128 + signal number and a message saying how to resume (False: return).
+        After Ctrl-C or SIGTERM has stopped training cleanly (``on_interrupt``
+        and ``after_training`` hooks run), exit the process with status
+        128 + signal number and a message saying how to resume. False makes
+        :meth:`run` return instead.
     fixed_param_names : sequence of str, optional
         Parameters that are never updated, as ``Module``'s: they get no
         gradient (and cost no backward work for themselves) and keep their
@@ -382,7 +384,9 @@ class MainLoop:
         """How often the workers agree on stopping, in distributed training.
 
         Every this many batches (and at every epoch end) they agree on whether
-        one of them asked to stop: one small exchange through the servers.
+        one of them asked to stop; a stop asked on one worker takes effect on
+        all at the next agreement. Each agreement is one small exchange through
+        the servers.
         """
         return self.stops.every
 
@@ -529,8 +533,9 @@ class MainLoop:
     ) -> Dict[str, np.ndarray]:
         """Return output name -> NumPy array over the iterator's real samples, as of now.
 
-        As ``Module.predict(merge_batches=True)``: a last batch's padding dropped;
-        ``outputs`` picks some (``'softmax'``). See :func:`mxoid.inference.predict_on`.
+        As ``Module.predict(merge_batches=True)``: the padding of a last batch
+        is dropped; ``outputs`` picks some (``'softmax'``); the iterator needs
+        no labels and is reset before and after. See :func:`mxoid.inference.predict_on`.
         """
         from ..inference import predict_on
 
@@ -541,7 +546,8 @@ class MainLoop:
     ) -> Dict[str, float]:
         """Return the records :class:`~mxoid.extensions.Evaluate` computes on ``iterator`` now.
 
-        Records ``<name>_<metric>``; nothing is logged. Every worker calls it.
+        ``metrics`` as Evaluate takes them; records ``<name>_<metric>``; nothing
+        is logged. In distributed training every worker calls it.
         """
         from ..inference import score_on
 

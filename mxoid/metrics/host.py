@@ -87,7 +87,8 @@ class HostMetric:
 
         Perplexity is ``exp(total / count)`` (its sum is of log losses).
         PearsonCorrelation(average='micro') computes its value otherwise; its
-        value is this metric's own, whatever the totals.
+        value is this metric's own (in distributed training, this worker's),
+        whatever the totals.
         """
         metric = self.metric
         if isinstance(metric, mx.metric.Perplexity):
