@@ -7,6 +7,7 @@ it as ``common`` (Python puts a script's own folder first on ``sys.path``).
 from __future__ import annotations
 
 import argparse
+import copy
 import gzip
 import os
 import random
@@ -58,9 +59,22 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """``--help`` with each option's default, once: not where the help says it, nor None."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or "(default:" in (action.help or ""):
+        if not _shows_default(action) or "(default:" in (action.help or ""):
             return action.help or ""
         return super()._get_help_string(action) or ""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        # argparse prints no help line, so no default, for an option without help text.
+        if not action.help and action.option_strings and _shows_default(action):
+            action = copy.copy(action)
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+
+def _shows_default(action: argparse.Action) -> bool:
+    """Whether ``--help`` says the option's default: not for none, an empty one or a flag."""
+    default = action.default
+    return default is not argparse.SUPPRESS and default not in (None, "") and default is not False
 
 
 def parse_contexts(text: str) -> List[mx.Context]:

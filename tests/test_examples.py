@@ -97,6 +97,22 @@ def test_every_example_has_help(script, monkeypatch, capsys):
     assert out.startswith("usage:") and "--contexts" in out and "--epochs" in out
     flat = " ".join(out.split())  # argparse wraps the help
     assert "(default: None)" not in flat and not re.search(r"\(default: [^)]*\) \(default:", flat)
+    assert "(default: )" not in flat
+
+
+def test_fit_help_shows_every_default_as_mxnets_fit_py_does(monkeypatch, capsys):
+    """An option without help text still says its default (argparse alone prints none)."""
+    run_in_process("fit.py", "--help", monkeypatch=monkeypatch)
+    flat = " ".join(capsys.readouterr().out.split())
+    for option, default in [
+        ("--network {lenet,mlp}", "lenet"),
+        ("--batch-size BATCH_SIZE", "64"),
+        ("--lr LR, --learning-rate LR", "0.1"),
+        ("--optimizer OPTIMIZER", "sgd"),
+        ("--num-epochs NUM_EPOCHS, --epochs NUM_EPOCHS", "5"),
+        ("--seed SEED", "0"),
+    ]:
+        assert f"{option} (default: {default})" in flat, option
 
 
 # ------------------------------------------------------------------ digits
