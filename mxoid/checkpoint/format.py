@@ -230,6 +230,27 @@ def write_checkpoint(
     return path
 
 
+def _save_model(
+    prefix: str,
+    epoch: int,
+    symbol: mx.sym.Symbol,
+    arg_params: Dict[str, mx.nd.NDArray],
+    aux_params: Dict[str, mx.nd.NDArray],
+) -> None:
+    """Write ``mx.model.save_checkpoint``'s two files, without its log line.
+
+    MXNet logs ``Saved checkpoint to "<file>"`` at INFO, which would name the
+    temporary folder (gone once the checkpoint is whole); the Checkpoint
+    extension logs the folder's final path once.
+    """
+    symbol.save(f"{prefix}-symbol.json", remove_amp_cast=True)
+    values = {f"arg:{name}": value.as_in_context(mx.cpu()) for name, value in arg_params.items()}
+    values.update(
+        {f"aux:{name}": value.as_in_context(mx.cpu()) for name, value in aux_params.items()}
+    )
+    mx.nd.save(f"{prefix}-{epoch:04d}.params", values)
+
+
 def _write_files(
     folder: str,
     symbol: mx.sym.Symbol,
@@ -243,7 +264,7 @@ def _write_files(
     extra_files: Dict[str, Callable[[str], Any]],
     about: Dict[str, Any],
 ) -> None:
-    mx.model.save_checkpoint(os.path.join(folder, PREFIX), epoch, symbol, arg_params, aux_params)
+    _save_model(os.path.join(folder, PREFIX), epoch, symbol, arg_params, aux_params)
     if isinstance(bucket_key, int) and not isinstance(bucket_key, bool):
         # What BucketingModule.load(prefix, epoch, sym_gen, default_bucket_key) reads too.
         mx.nd.save(

@@ -304,3 +304,18 @@ def test_two_runs_cannot_write_into_one_folder_at_once(tmp_path):
     lock = DirectoryLock(str(directory))  # released when its holder died
     lock.acquire()
     lock.release()
+
+
+def test_info_logging_names_each_checkpoint_once_by_its_final_path(tmp_path, caplog):
+    """As fit.py scripts set ``logging.basicConfig(level=logging.INFO)``: MXNet's own
+    ``Saved checkpoint to`` line named the temporary folder, gone once the save is whole."""
+    import logging
+
+    with caplog.at_level(logging.INFO):
+        make_loop(tmp_path, FinishAfter(after_n_epochs=2)).run()
+    messages = [record.getMessage() for record in caplog.records]
+    assert not [m for m in messages if ".tmp-" in m], messages
+    saved = [m for m in messages if "checkpoint saved to" in m.lower()]
+    folders = list_checkpoints(str(tmp_path))
+    assert saved and all(os.path.isdir(m.split(" to ", 1)[1].strip('"')) for m in saved[-3:])
+    assert len(saved) == len(set(saved)) and folders[-1] in saved[-1]
