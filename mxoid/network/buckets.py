@@ -117,6 +117,10 @@ class BucketNetwork(Network):
         """Return ``batch.bucket_key`` (None where the batch says none)."""
         return getattr(batch, "bucket_key", None)
 
+    def default_key_of(self, iterator: Any) -> Optional[Hashable]:
+        """Return ``iterator.default_bucket_key`` (the bucket of its ``provide_data``), or ours."""
+        return getattr(iterator, "default_bucket_key", self.default_key)
+
     def graph(
         self, key: Optional[Hashable] = None, data_descs: Any = None, label_descs: Any = None
     ) -> mx.sym.Symbol:
