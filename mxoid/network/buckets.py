@@ -36,6 +36,19 @@ LEFT_OUT = (
     "epoch: it leaves out the last partial batch of each bucket (batches of {batch_size}). "
     "Choose buckets (or a batch size) that divide the sentences more evenly, or accept it"
 )
+NOT_THE_LARGEST = (
+    "default_bucket_key={key!r}: its graph does not take train_data's provide_data {shapes} "
+    "(the shapes of train_data's default bucket {theirs!r}, its largest), as MXNet reports: "
+    "{error}. The default bucket's executors are bound first, for the largest shapes, as "
+    "MXNet's memory pool needs: pass default_bucket_key={theirs!r} (or leave it out)"
+)
+OTHER_PARAMETER = (
+    "bucket {key!r}: sym_gen({key!r}) has the parameter {name!r}, which the default bucket "
+    "{default!r}'s graph does not have (its parameters: {known}). Every bucket's parameters "
+    "are the default bucket's, shared: {name!r} would never be initialized, trained or "
+    "saved. Name the parameters of every bucket alike (one cell or variable per parameter, "
+    "not one per bucket)"
+)
 NO_DEFAULT_KEY = (
     "MainLoop(sym_gen, ...) needs default_bucket_key=..., the bucket whose executors are bound "
     "first (the longest, as BucketingModule's); train_data has no default_bucket_key either"
@@ -107,7 +120,30 @@ class BucketNetwork(Network):
         self._symbols: Dict[Hashable, mx.sym.Symbol] = {}
         self._training: Dict[Hashable, ExecutorSet] = {}
         data, labels = train_data.provide_data, train_data.provide_label
+        self._inputs = set(_names(data)) | set(_names(labels))
         super().__init__(self.symbol_of(default_key, data, labels), train_data)
+        self._check_default(data, labels)
+        for key in getattr(train_data, "buckets", None) or ():  # every bucket it says it has
+            self.symbol_of(key, data, labels)
+
+    def _check_default(self, data: Sequence[Any], labels: Sequence[Any]) -> None:
+        """Raise when the default bucket's graph cannot take ``train_data.provide_data``."""
+        arguments = set(self.symbol.list_arguments())
+        shapes = {d[0] if isinstance(d, tuple) else d.name: tuple(d[1]) for d in [*data, *labels]}
+        shapes = {name: shape for name, shape in shapes.items() if name in arguments}
+        try:
+            self.symbol.infer_shape(**shapes)
+        except mx.base.MXNetError as error:
+            theirs = getattr(self.train_data, "default_bucket_key", "the largest")
+            first = str(error).strip().splitlines()[0]
+            raise ValueError(
+                NOT_THE_LARGEST.format(
+                    key=self.default_key, shapes=shapes, theirs=theirs, error=first
+                )
+            ) from None
+
+    def _parameters(self, symbol: mx.sym.Symbol) -> List[str]:
+        return [name for name in symbol.list_arguments() if name not in self._inputs]
 
     def state(self) -> Dict[str, Any]:
         """Return the default bucket's key, which a checkpoint's files are named after."""
@@ -150,6 +186,15 @@ class BucketNetwork(Network):
                 f"label_names={list(label_names)}, but the batches of bucket {key!r} provide "
                 f"data {given_data} and labels {given_labels}: name them alike"
             )
+        if key != self.default_key and self._symbols:
+            known = self._parameters(self.symbol)
+            for name in self._parameters(symbol):
+                if name not in known:
+                    raise ValueError(
+                        OTHER_PARAMETER.format(
+                            key=key, name=name, default=self.default_key, known=known
+                        )
+                    )
         self._symbols[key] = symbol
         return symbol
 

@@ -10,12 +10,17 @@ import numpy as np
 import pytest
 from buckets import (
     BATCH,
+    BUCKETS,
     OPTIMIZER_PARAMS,
+    VOCAB,
+    Batches,
     PairKeyIter,
     bucket_iter,
     bucketing_module_fit,
     initial_params,
+    sentences,
     sym_gen_of,
+    token_batches,
 )
 from checkpointing import comparable_log
 from conftest import TWO_CPUS
@@ -201,3 +206,48 @@ def test_a_run_stopped_in_any_epoch_resumes_bit_identical(whole_runs, tmp_path, 
     assert whole_log == resumed_log
     if keys == "int":
         assert len(records(whole, "valid_perplexity")) == 3
+
+
+# ------------------------------------------------------------------ bad input
+def per_bucket_names(key):
+    """A sym_gen naming its output layer after the bucket: pred4_weight, pred8_weight..."""
+    data, label = mx.sym.Variable("data"), mx.sym.Variable("softmax_label")
+    embed = mx.sym.Embedding(data, input_dim=VOCAB, output_dim=4, name="embed")
+    name = "pred" if key == max(BUCKETS) else f"pred{key}"
+    pred = mx.sym.FullyConnected(mx.sym.Reshape(embed, shape=(-1, 4)), num_hidden=VOCAB, name=name)
+    label = mx.sym.Reshape(label, shape=(-1,))
+    return mx.sym.SoftmaxOutput(pred, label, name="softmax"), ("data",), ("softmax_label",)
+
+
+def test_a_bucket_whose_parameters_are_named_otherwise_is_an_error_naming_both():
+    with pytest.raises(
+        ValueError, match=r"bucket 4: sym_gen\(4\) has the parameter 'pred4_weight'"
+    ):
+        MainLoop(per_bucket_names, bucket_iter(), extensions=[FinishAfter(after_n_epochs=1)])
+    # An iterator that does not list its buckets: the error when the bucket is first bound.
+    loop = MainLoop(
+        per_bucket_names, Batches(token_batches(BATCH)), extensions=[FinishAfter(after_n_epochs=1)]
+    )
+    with pytest.raises(ValueError, match=r"bucket 8: .* 'pred8_weight', which the default bucket"):
+        loop.run()
+
+
+def test_a_default_bucket_smaller_than_the_largest_is_an_error_naming_the_key_and_the_fix():
+    with pytest.raises(
+        ValueError, match=r"default_bucket_key=8: .* pass default_bucket_key=12 \(or leave it out\)"
+    ):
+        bucket_loop([FinishAfter(after_n_epochs=1)], default_bucket_key=8)
+
+
+def test_evaluation_buckets_longer_than_every_training_bucket_are_evaluated_whole():
+    longer = mx.rnn.BucketSentenceIter(
+        sentences(67, seed=5, longest=16), BATCH, buckets=[4, 8, 12, 16], invalid_label=0
+    )
+    assert len(longer.data[-1]) % BATCH  # a partial batch of the longest bucket too
+    loop = bucket_loop(
+        [FinishAfter(after_n_epochs=1), Evaluate({"valid": longer}, [PERPLEXITY])]
+    ).run()
+    expected, _ = every_sentence_perplexity(loop.get_params()[0], longer)
+    assert loop.log.last("valid_perplexity") == pytest.approx(expected, rel=1e-6)
+    outputs = loop.predict(longer)["softmax"]
+    assert outputs.shape[0] == sum(bucket.size for bucket in longer.data)
