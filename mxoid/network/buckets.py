@@ -33,8 +33,14 @@ NO_BUCKET_KEY = (
 )
 LEFT_OUT = (
     "train_data (an mx.rnn.BucketSentenceIter) trains on {used} of its {held} sentences an "
-    "epoch: it leaves out the last partial batch of each bucket (batches of {batch_size}). "
-    "Choose buckets (or a batch size) that divide the sentences more evenly, or accept it"
+    "epoch: it leaves out the last partial batch of each bucket (batches of {batch_size}: "
+    "{partial} sentences), and, when it was built, {too_long} longer than its largest bucket "
+    "({longest} tokens){total}. Choose buckets (or a batch size) that divide the sentences "
+    "more evenly and reach the longest, or accept it"
+)
+TOO_LONG_UNCOUNTED = (
+    "the sentences (it printed how many; build it with mxoid.data.sentences."
+    "bucket_sentence_iter to have them counted here)"
 )
 NOT_THE_LARGEST = (
     "default_bucket_key={key!r}: its graph does not take train_data's provide_data {shapes} "
@@ -74,6 +80,26 @@ def _names(descs: Sequence[Any]) -> List[str]:
     return [d[0] if isinstance(d, tuple) else d.name for d in descs or ()]
 
 
+def _warn_left_out(train_data: Any, stacklevel: int) -> None:
+    """Warn of the sentences an epoch of a ``BucketSentenceIter`` leaves out, and why."""
+    coverage = sentences_per_epoch(train_data)
+    used, held, too_long = coverage["used"], coverage["held"], coverage["too_long"]
+    if used < held or too_long:
+        left = held - used + (too_long or 0)
+        warnings.warn(
+            LEFT_OUT.format(
+                used=used,
+                held=held,
+                batch_size=train_data.batch_size,
+                partial=held - used,
+                too_long=TOO_LONG_UNCOUNTED if too_long is None else too_long,
+                longest=max(train_data.buckets),
+                total="" if too_long is None else f": {left} left out in all",
+            ),
+            stacklevel=stacklevel,
+        )
+
+
 class BucketNetwork(Network):
     """The buckets of a loop: ``sym_gen``, the default key, each bucket's training executors.
 
@@ -109,12 +135,7 @@ class BucketNetwork(Network):
         if default_key is None:
             raise ValueError(NO_DEFAULT_KEY)
         if is_bucket_sentence_iter(train_data):
-            coverage = sentences_per_epoch(train_data)
-            if coverage["used"] < coverage["held"]:
-                warnings.warn(
-                    LEFT_OUT.format(**coverage, batch_size=train_data.batch_size),
-                    stacklevel=stacklevel,
-                )
+            _warn_left_out(train_data, stacklevel + 1)
         self.sym_gen = sym_gen
         self.default_key = default_key
         self._symbols: Dict[Hashable, mx.sym.Symbol] = {}

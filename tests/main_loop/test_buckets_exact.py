@@ -251,3 +251,48 @@ def test_evaluation_buckets_longer_than_every_training_bucket_are_evaluated_whol
     assert loop.log.last("valid_perplexity") == pytest.approx(expected, rel=1e-6)
     outputs = loop.predict(longer)["softmax"]
     assert outputs.shape[0] == sum(bucket.size for bucket in longer.data)
+
+
+def test_the_left_out_warning_counts_the_sentences_too_long_and_names_both_causes():
+    from mxoid.data.sentences import bucket_sentence_iter
+
+    np.random.seed(1)
+    random.seed(1)
+    given = sentences(120, seed=0, longest=16)  # some longer than the largest bucket, 12
+    too_long = sum(len(sentence) > 12 for sentence in given)
+    assert too_long > 0
+    train = bucket_sentence_iter(given, BATCH, buckets=list(BUCKETS), invalid_label=0)
+    used, held = len(train.idx) * BATCH, sum(len(bucket) for bucket in train.data)
+    with pytest.warns(UserWarning) as caught:
+        MainLoop(sym_gen_of(), train, extensions=[FinishAfter(after_n_epochs=1)])
+    (message,) = [str(w.message) for w in caught if "sentences an epoch" in str(w.message)]
+    assert f"trains on {used} of its {held} sentences an epoch" in message
+    assert f"last partial batch of each bucket (batches of 8: {held - used} sentences)" in message
+    assert f"{too_long} longer than its largest bucket (12 tokens)" in message
+    assert f"{held - used + too_long} left out in all" in message
+
+
+def test_ce_takes_the_label_layouts_mxnet_cross_entropy_ravels():
+    """A (batch, time) label against (batch * time, vocabulary) outputs: 'ce' equals MXNet's
+    own CrossEntropy metric over the same batches (which ravels the label)."""
+    valid = valid_iter()
+    loop = bucket_loop([FinishAfter(after_n_epochs=1)]).run()
+    ours = loop.score(valid, "ce")["valid_cross_entropy"]
+    metric = mx.metric.CrossEntropy()
+    module = mx.mod.BucketingModule(
+        sym_gen_of(), default_bucket_key=valid.default_bucket_key, logger=logging.getLogger("q")
+    )
+    module.bind(valid.provide_data, valid.provide_label, for_training=False)
+    module.set_params(loop.get_params()[0], {})
+    for key, bucket in zip(valid.buckets, valid.data):  # every sentence, each bucket one batch
+        label = np.concatenate([bucket[:, 1:], np.zeros((len(bucket), 1), bucket.dtype)], 1)
+        batch = mx.io.DataBatch(
+            [mx.nd.array(bucket)],
+            [mx.nd.array(label)],
+            bucket_key=key,
+            provide_data=[mx.io.DataDesc("data", bucket.shape)],
+            provide_label=[mx.io.DataDesc("softmax_label", label.shape)],
+        )
+        module.forward(batch, is_train=False)
+        metric.update([mx.nd.array(label)], module.get_outputs())
+    assert ours == pytest.approx(metric.get()[1], rel=1e-6)
