@@ -16,6 +16,7 @@ import mxnet as mx
 import numpy as np
 
 from .checkpoint.loading import load_model
+from .data.evaluation import evaluation_iterator, random_states_kept, warn_left_out
 from .executor_manager import DataParallelExecutorManager, ExecutorSet, output_short_name
 from .executor_manager.devices import check_contexts
 from .executor_manager.pacing import DEFAULT_MAX_BATCHES_AHEAD, Pacer, check_max_batches_ahead
@@ -80,16 +81,38 @@ def predict_outputs(
     """Run ``iterator`` forward through the managers ``manager_for(batch)`` gives.
 
     Returns output name -> one array over the real samples. The iterator is
-    reset before and after. Copies to the host are queued per batch and read
-    once at the end; the host waits for the devices only when it is
+    read as :func:`mxoid.data.evaluation.evaluation_iterator` chooses (an
+    ``mx.rnn.BucketSentenceIter``: every sentence once, bucket by bucket, in
+    the order of :class:`~mxoid.data.sentences.SentencesInOrder`), reset
+    before and after, what it draws from the global generators given back.
+    Copies to the host are queued per batch and read once at the end; the
+    host waits for the devices only when it is
     ``max_batches_ahead`` batches of a manager ahead of them (see
     :mod:`mxoid.pacing`; ``'auto'``: 64 MiB, each batch counted twice its inputs; None:
     never).
     """
     names = _output_names(outputs, output_names)
     parts: Dict[str, List[mx.nd.NDArray]] = {name: [] for name in names}
+    given, iterator = iterator, evaluation_iterator(iterator)
+    with random_states_kept():
+        seen = _predict_batches(manager_for, iterator, names, parts, max_batches_ahead)
+    if not any(parts.values()):
+        raise ValueError("the iterator yielded no samples; is it empty?")
+    warn_left_out("predict", given, seen)
+    return {name: np.concatenate([p.asnumpy() for p in arrays]) for name, arrays in parts.items()}
+
+
+def _predict_batches(
+    manager_for: Callable[[mx.io.DataBatch], Any],
+    iterator: mx.io.DataIter,
+    names: Sequence[str],
+    parts: Dict[str, List[mx.nd.NDArray]],
+    max_batches_ahead: Union[int, str, None],
+) -> int:
+    """Queue each batch's outputs' copies into ``parts``; return the real rows seen."""
     cpu = mx.cpu()
     pacers: Dict[int, Optional[Pacer]] = {}
+    seen = 0
     iterator.reset()
     try:
         for batch in iterator:
@@ -110,11 +133,10 @@ def predict_outputs(
                     elif rows > 0:  # per sample, one row of output or several (tokens)
                         per_sample = array.shape[0] // (slc.stop - slc.start)
                         parts[name].append(array[: rows * per_sample].copyto(cpu))
+            seen += sum(manager.valid_rows)
     finally:
         iterator.reset()
-    if not any(parts.values()):
-        raise ValueError("the iterator yielded no samples; is it empty?")
-    return {name: np.concatenate([p.asnumpy() for p in arrays]) for name, arrays in parts.items()}
+    return seen
 
 
 def predict_on(

@@ -146,3 +146,24 @@ class Batches(mx.io.DataIter):
 
     def reset(self):
         pass
+
+
+class PairKeyIter(mx.io.DataIter):
+    """A BucketSentenceIter whose bucket keys are pairs, as Sockeye's (source, target): a
+    wrapper without state_dict, replayed on resumption."""
+
+    resets_are_deterministic = True  # its shuffle draws from the generators resumption restores
+
+    def __init__(self, iterator):
+        super().__init__(iterator.batch_size)
+        self.iterator = iterator
+        self.provide_data, self.provide_label = iterator.provide_data, iterator.provide_label
+        self.default_bucket_key = (iterator.default_bucket_key,) * 2
+
+    def reset(self):
+        self.iterator.reset()
+
+    def next(self):
+        batch = self.iterator.next()
+        batch.bucket_key = (batch.bucket_key,) * 2
+        return batch

@@ -13,10 +13,13 @@ same order of samples, same next batch. How depends on the iterator:
   itself.
 - Any other iterator is replayed: a freshly built one is reset as many times
   as the interrupted run's had been (once per finished epoch), with NumPy's
-  and Python's random states of the start of the epoch restored before the
-  last reset, and the batches already trained in the epoch are read and
-  skipped. That is exact when the iterator's order depends on nothing but
-  how many times it was reset: MXNet's ``ImageRecordIter(round_batch=False)``
+  and Python's random states of each reset restored before it (the
+  checkpoint keeps them all, one pair an epoch: about 14 kB of JSON), and the
+  batches already trained in the epoch are read and skipped. (A checkpoint
+  of mxoid 0.4 kept only the last epoch's states: resuming it past its
+  second epoch is warned of as inexact.) That is exact when the iterator's
+  order depends on nothing but how many times it was reset: MXNet's
+  ``ImageRecordIter(round_batch=False)``
   (its shuffle has its own seed), or an iterator that shuffles from NumPy's
   global generator at each reset, from the same order each time. Nothing can
   tell, so a warning says the resumption may not be exact, unless the
@@ -37,7 +40,7 @@ import mxnet as mx
 import numpy as np
 
 from ..checkpoint.format import LOOP_STATE, CheckpointError, ResumeError
-from ..checkpoint.random_state import get_random_states, set_random_states
+from ..checkpoint.random_state import check_random_states, get_random_states, set_random_states
 from .sentences import SentencePosition, is_bucket_sentence_iter
 
 __all__ = ["DETERMINISTIC_RESETS", "DataPosition", "batches_per_epoch"]
@@ -45,6 +48,12 @@ __all__ = ["DETERMINISTIC_RESETS", "DataPosition", "batches_per_epoch"]
 DETERMINISTIC_RESETS = "resets_are_deterministic"
 """An iterator with this attribute true says that its order depends only on how many
 times it was reset: its replay on resumption is exact, and no warning is given."""
+EARLIER_STATES_MISSING = (
+    "{kind} is replayed over {resets} resets, but checkpoint {where} keeps the random states "
+    "of its last reset only (an mxoid 0.4 checkpoint): the earlier resets draw from other "
+    "states, and the order of its batches may differ from the interrupted run's. Resume from "
+    "a checkpoint of this version, or give the iterator state_dict() / load_state_dict()"
+)
 REPLAYED = (
     "{kind} cannot be repositioned directly: it is reset {resets} time(s) and {skips} "
     "batch(es) are skipped to reach the checkpoint's position. That is exact only if its "
@@ -82,6 +91,8 @@ class DataPosition:
         self._direct = _repositionable(iterator)
         self._order: Optional[np.ndarray] = None  # NDArrayIter's data order vs. at start
         self._epoch_start_random: Optional[Dict[str, Any]] = None
+        self._epoch_start_randoms: List[Dict[str, Any]] = []  # each reset's, for a replay
+        self._where = "?"  # the checkpoint resumed from, once checked
         self._sentences = SentencePosition(iterator) if is_bucket_sentence_iter(iterator) else None
 
     def reset(self) -> None:
@@ -91,6 +102,7 @@ class DataPosition:
             return
         if not self._direct:
             self._epoch_start_random = get_random_states()
+            self._epoch_start_randoms.append(self._epoch_start_random)
         self.iterator.reset()
         if self._direct and self.iterator.shuffle:
             current = np.asarray(self.iterator.idx)
@@ -114,7 +126,12 @@ class DataPosition:
             return {"kind": "bucketsentenceiter", **self._sentences.state_dict(), "shapes": shapes}
         if hasattr(it, "state_dict") and hasattr(it, "load_state_dict"):
             return {"kind": "own", "state": it.state_dict(), "shapes": shapes}
-        return {"kind": "replay", "epoch_start_random": self._epoch_start_random, "shapes": shapes}
+        return {
+            "kind": "replay",
+            "epoch_start_random": self._epoch_start_random,
+            "epoch_start_randoms": list(self._epoch_start_randoms),
+            "shapes": shapes,
+        }
 
     def check(self, state: Dict[str, Any], where: str) -> None:
         """Raise when this iterator cannot continue from ``state``, saved in checkpoint ``where``.
@@ -150,6 +167,15 @@ class DataPosition:
                     f"checkpoint file {os.path.join(where, LOOP_STATE)} is damaged: its "
                     f"'data_position.{problem}; use an earlier checkpoint"
                 )
+        for index, random_state in enumerate(state.get("epoch_start_randoms") or ()):
+            problem = check_random_states(random_state)
+            if problem is not None:
+                raise CheckpointError(
+                    f"checkpoint file {os.path.join(where, LOOP_STATE)} is damaged: its "
+                    f"'data_position.epoch_start_randoms[{index}]' is malformed: {problem}; "
+                    "use an earlier checkpoint"
+                )
+        self._where = where
         if kind == "ndarrayiter" and state["kind"] == "ndarrayiter":
             saved = state.get("num_data", len(state.get("idx") or ()))
             if saved != self.iterator.num_data:
@@ -186,9 +212,7 @@ class DataPosition:
         elif kind == "own":
             it.load_state_dict(state["state"])
         else:
-            self._replay(
-                state.get("epoch_start_random"), epochs_done, epoch_started, batches_done_in_epoch
-            )
+            self._replay(state, epochs_done, epoch_started, batches_done_in_epoch)
 
     def _restore_ndarrayiter(self, state: Dict[str, Any]) -> None:
         it = self.iterator
@@ -206,15 +230,18 @@ class DataPosition:
 
     def _replay(
         self,
-        epoch_start_random: Optional[Dict[str, Any]],
+        state: Dict[str, Any],
         epochs_done: int,
         epoch_started: bool,
         batches_done_in_epoch: int,
     ) -> None:
         """Reset the fresh iterator as often as the interrupted run's was, then skip batches.
 
-        The batches skipped are those already trained in the epoch.
+        Each reset from the random states its own reset drew from; the
+        batches skipped are those already trained in the epoch.
         """
+        epoch_start_random = state.get("epoch_start_random")
+        randoms = state.get("epoch_start_randoms")
         it = self.iterator
         # The loop resets the iterator at the start of every epoch but the first. At an
         # epoch boundary the loop's own reset of the next epoch is still to come.
@@ -230,11 +257,23 @@ class DataPosition:
                 ),
                 stacklevel=4,
             )
-        for count in range(resets):
-            if count == resets - 1 and epoch_start_random is not None:
-                set_random_states(epoch_start_random)  # the random state of the epoch's reset
+        if randoms is None or len(randoms) != resets:  # mxoid 0.4's: the last reset's only
+            if resets > 1:
+                warnings.warn(
+                    EARLIER_STATES_MISSING.format(
+                        kind=type(it).__name__,
+                        resets=resets,
+                        where=self._where,
+                    ),
+                    stacklevel=4,
+                )
+            randoms = [None] * (resets - 1) + [epoch_start_random] if resets else []
+        for random_state in randoms:
+            if random_state is not None:
+                set_random_states(random_state)  # the random states of this very reset
             it.reset()
         self._epoch_start_random = epoch_start_random
+        self._epoch_start_randoms = [r for r in randoms if r is not None]
         for _ in range(skips):
             next(it)
 

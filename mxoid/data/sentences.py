@@ -11,18 +11,33 @@ list and cursor as they are: a resumption puts all three back and rebuilds
 the arrays the batches are cut from, as ``reset()`` builds them.
 
 It also says how much of the data an epoch uses: the iterator silently leaves
-out the last partial batch of each bucket (and sentences longer than the
-largest bucket).
+out the last partial batch of each bucket (and, when it is built, the sentences
+longer than its largest bucket: :func:`bucket_sentence_iter` counts those).
+
+For evaluation, :class:`SentencesInOrder` reads the same iterator's own
+per-bucket arrays instead of its batches: every sentence once, bucket by
+bucket in a fixed order, each bucket's last partial batch padded as
+``NDArrayIter`` pads; it never resets or shuffles the iterator.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import mxnet as mx
 import numpy as np
 
-__all__ = ["SentencePosition", "is_bucket_sentence_iter", "sentences_per_epoch"]
+__all__ = [
+    "SentencePosition",
+    "SentencesInOrder",
+    "bucket_sentence_iter",
+    "is_bucket_sentence_iter",
+    "sentences_per_epoch",
+]
+
+TOO_LONG = "sentences_too_long"
+"""The attribute :func:`bucket_sentence_iter` sets: how many sentences the iterator left out
+when it was built, for being longer than its largest bucket."""
 
 
 def is_bucket_sentence_iter(iterator: Any) -> bool:
@@ -30,10 +45,99 @@ def is_bucket_sentence_iter(iterator: Any) -> bool:
     return isinstance(iterator, mx.rnn.BucketSentenceIter)
 
 
-def sentences_per_epoch(iterator: Any) -> Dict[str, int]:
-    """Return ``{'used': ..., 'held': ...}``: the sentences an epoch trains on, of those kept."""
+def sentences_per_epoch(iterator: Any) -> Dict[str, Optional[int]]:
+    """Return the sentences an epoch trains on (``used``), of those kept (``held``).
+
+    ``too_long``: the sentences left out when the iterator was built, for
+    being longer than its largest bucket (None where the iterator was not
+    built by :func:`bucket_sentence_iter`, which counts them).
+    """
     used = len(iterator.idx) * iterator.batch_size
-    return {"used": used, "held": int(sum(len(bucket) for bucket in iterator.data))}
+    held = int(sum(len(bucket) for bucket in iterator.data))
+    return {"used": used, "held": held, "too_long": getattr(iterator, TOO_LONG, None)}
+
+
+def bucket_sentence_iter(sentences: Sequence[Sequence[int]], *args: Any, **kwargs: Any) -> Any:
+    """Return ``mx.rnn.BucketSentenceIter(sentences, ...)`` that knows what it left out.
+
+    The same iterator, built with the same arguments (and the same draws from
+    the global generators), with the attribute ``sentences_too_long``: how
+    many of ``sentences`` are longer than its largest bucket, which MXNet's
+    iterator only prints. The loop's warning of left-out sentences counts them.
+    """
+    iterator = mx.rnn.BucketSentenceIter(sentences, *args, **kwargs)
+    longest = max(iterator.buckets)
+    setattr(iterator, TOO_LONG, sum(1 for sentence in sentences if len(sentence) > longest))
+    return iterator
+
+
+class SentencesInOrder(mx.io.DataIter):
+    """Every sentence of a ``BucketSentenceIter`` once, for evaluation, in a fixed order.
+
+    Bucket by bucket (in the order of ``iterator.buckets``), each bucket's
+    sentences in the lexicographic order of their tokens, whatever the
+    iterator's shuffles did; batches of ``iterator.batch_size``, a bucket's
+    last partial batch padded as ``NDArrayIter(last_batch_handle='pad')``
+    pads (with the bucket's first sentences again, ``pad`` saying how many:
+    evaluation never counts them, :meth:`~mxoid.MainLoop.predict` drops
+    them). The labels are the iterator's (each token's next, then
+    ``invalid_label``), in its layout. Read from ``iterator.data``: the
+    iterator is never reset, and nothing is drawn from any random generator.
+
+    Parameters
+    ----------
+    iterator : mx.rnn.BucketSentenceIter
+    """
+
+    def __init__(self, iterator: Any) -> None:
+        super().__init__(iterator.batch_size)
+        self.source = iterator
+        self.provide_data = iterator.provide_data
+        self.provide_label = iterator.provide_label
+        self.default_bucket_key = iterator.default_bucket_key
+        self._batches: Optional[Iterator[mx.io.DataBatch]] = None
+
+    @property
+    def sentences(self) -> int:
+        """How many sentences a pass yields (the padding not counted)."""
+        return int(sum(len(bucket) for bucket in self.source.data))
+
+    def reset(self) -> None:
+        """Start again from the first bucket (the iterator read is not reset)."""
+        self._batches = None
+
+    def next(self) -> mx.io.DataBatch:
+        """Return the next batch (``StopIteration`` after the last bucket's)."""
+        if self._batches is None:
+            self._batches = self._generate()
+        return next(self._batches)
+
+    def _generate(self) -> Iterator[mx.io.DataBatch]:
+        it, size = self.source, self.batch_size
+        for key, bucket in zip(it.buckets, it.data):
+            rows = len(bucket)
+            if rows == 0:
+                continue
+            ordered = bucket[np.lexsort(bucket.T[::-1])]  # column 0 first: whatever shuffles did
+            label = np.empty_like(ordered)
+            label[:, :-1] = ordered[:, 1:]
+            label[:, -1] = it.invalid_label
+            for start in range(0, rows, size):
+                taken = np.arange(start, start + size) % rows  # NDArrayIter's pad: from the top
+                yield self._batch(key, ordered[taken], label[taken], max(0, start + size - rows))
+
+    def _batch(self, key: Any, data: np.ndarray, label: np.ndarray, pad: int) -> mx.io.DataBatch:
+        it = self.source
+        if it.major_axis == 1:
+            data, label = data.T, label.T
+        return mx.io.DataBatch(
+            [mx.nd.array(data, dtype=it.dtype)],
+            [mx.nd.array(label, dtype=it.dtype)],
+            pad=pad,
+            bucket_key=key,
+            provide_data=[mx.io.DataDesc(it.data_name, data.shape, layout=it.layout)],
+            provide_label=[mx.io.DataDesc(it.label_name, label.shape, layout=it.layout)],
+        )
 
 
 class SentencePosition:

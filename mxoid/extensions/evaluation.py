@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 import mxnet as mx
 from mxnet.gluon.data import DataLoader
 
+from ..data.evaluation import evaluation_iterator, random_states_kept, warn_left_out
 from ..data.loader import as_data_iter
 from ..executor_manager.devices import forward_work_load, split_batch
 from ..executor_manager.pacing import Pacer
@@ -45,9 +46,17 @@ class Evaluate(MetricsExtension):
     makes every device hold the averaged BatchNorm statistics
     (:meth:`MainLoop.get_params` describes the policy), and training goes on
     only once evaluation is computed: the network evaluated is the one
-    ``get_params()`` returns and a checkpoint saves. Each iterator is reset
-    before and after use. Evaluation changes neither the parameters nor the
-    training iterator.
+    ``get_params()`` returns and a checkpoint saves. Evaluation changes
+    neither the parameters nor the training iterator, nor what training
+    draws from NumPy's and Python's generators.
+
+    How an iterator is read is :func:`mxoid.data.evaluation.evaluation_iterator`'s
+    choice: an ``mx.rnn.BucketSentenceIter`` is read from its own arrays,
+    every sentence once, in a fixed order (never reset, never shuffled);
+    any other iterator is reset before and after use and read as it yields,
+    what its resets draw from the global generators given back (a warning
+    says when it yields fewer sentences than a ``BucketSentenceIter`` it
+    wraps holds).
 
     Parameters
     ----------
@@ -113,6 +122,8 @@ class Evaluate(MetricsExtension):
         self._accumulators: Dict[str, MetricAccumulator] = {}
         self._records: Dict[str, List[str]] = {}
         self._pacers: Dict[str, Optional[Pacer]] = {}
+        self._read: Dict[str, Any] = {}
+        self._first_keys: Dict[str, Any] = {}
 
     @property
     def record_names(self) -> List[str]:
@@ -126,10 +137,13 @@ class Evaluate(MetricsExtension):
         single = len(loop.manager.metric_outputs) == 1
         self._accumulators, self._records, self._pacers = {}, {}, {}
         self._buckets: Dict[str, Accumulators] = {}
+        self._read = {k: evaluation_iterator(it) for k, it in self.iterators.items()}
         for name, iterator in self.iterators.items():
             self._records[name] = _record_names(name, bound, single)
             data, labels = iterator.provide_data, iterator.provide_label
-            self._accumulators[name] = self._accumulator(loop, name, data, labels)
+            # The iterator's largest shapes first (a bucketed iterator's own default key).
+            key = self._first_keys[name] = loop.network.default_key_of(iterator)
+            self._accumulators[name] = self._accumulator(loop, name, data, labels, key)
             self._buckets[name] = Accumulators(self._accumulators[name])
 
     def _accumulator(
@@ -178,7 +192,7 @@ class Evaluate(MetricsExtension):
         """Return the accumulator of ``batch``: the iterator's, or its graph's (a bucket's)."""
         network = self.main_loop.network
         key = network.key_of(batch)
-        if key is None or key == network.default_key:
+        if key is None or key == self._first_keys[name]:
             return self._accumulators[name]
         accumulators = self._buckets[name]
         found = accumulators.by_key.get(key)
@@ -213,19 +227,22 @@ class Evaluate(MetricsExtension):
     def _evaluate(self, name: str, iterator: mx.io.DataIter) -> List[float]:
         accumulators = self._buckets[name]
         accumulators.reset(zero=True)  # each evaluation its own sums: the same after a resumption
-        iterator.reset()
-        try:
-            for batch in iterator:
-                accumulator = self._accumulator_for(name, batch)
-                manager = accumulator.manager
-                manager.load_data_batch(batch)
-                manager.forward(is_train=False)
-                accumulator.update()
-                pacer = self._pacers[id(accumulator)]
-                if pacer is not None:
-                    pacer.queued()
-        finally:
-            iterator.reset()
+        read = self._read[name]
+        with random_states_kept():  # what the iterator draws is not the training run's
+            read.reset()
+            try:
+                for batch in read:
+                    accumulator = self._accumulator_for(name, batch)
+                    manager = accumulator.manager
+                    manager.load_data_batch(batch)
+                    manager.forward(is_train=False)
+                    accumulator.update()
+                    pacer = self._pacers[id(accumulator)]
+                    if pacer is not None:
+                        pacer.queued()
+            finally:
+                read.reset()
         if accumulators.rows == 0:
             raise ValueError(f"{self.name}: iterator {name!r} yielded no samples; is it empty?")
+        warn_left_out(f"{self.name}, iterator {name!r}", iterator, accumulators.rows)
         return accumulators.values(self.reduce)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Callable, Dict, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import mxnet as mx
 import numpy as np
@@ -154,13 +154,19 @@ def _absolute_error(
 
 def _negative_log_likelihood(
     pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
-) -> Tuple[mx.sym.Symbol, int]:
+) -> Tuple[mx.sym.Symbol, Any]:
+    tokens = int(np.prod(label_shape, dtype=np.int64))
+    if len(pred_shape) == 2 and _elements(label_shape) > 1 and pred_shape[0] == tokens:
+        # MXNet's CrossEntropy ravels the label: one class per row of scores (a token's).
+        return token_cross_entropy()(pred, label, pred_shape, label_shape)
     if len(pred_shape) != 2 or _elements(label_shape) != 1:
         raise _shape_error(
             "cross_entropy",
             pred_shape,
             label_shape,
-            "probabilities of shape (rows, classes) and one class index per row",
+            "probabilities of shape (rows, classes) and one class index per row (or per token, "
+            "as MXNet's CrossEntropy ravels the label: (rows, time) against (rows * time, "
+            "classes))",
         )
     if len(label_shape) != 1:  # one label per row, e.g. (rows, 1): as a vector
         label = mx.sym.reshape(label, shape=(-1,))

@@ -105,6 +105,10 @@ class Network:
         """Return the key of ``batch``'s graph: None for a network of one graph."""
         return None
 
+    def default_key_of(self, iterator: Any) -> Optional[Hashable]:
+        """Return the key of the graph of ``iterator``'s ``provide_data``: None for one graph."""
+        return None
+
     def graph(
         self, key: Optional[Hashable] = None, data_descs: Any = None, label_descs: Any = None
     ) -> mx.sym.Symbol:

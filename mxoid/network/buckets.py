@@ -33,8 +33,27 @@ NO_BUCKET_KEY = (
 )
 LEFT_OUT = (
     "train_data (an mx.rnn.BucketSentenceIter) trains on {used} of its {held} sentences an "
-    "epoch: it leaves out the last partial batch of each bucket (batches of {batch_size}). "
-    "Choose buckets (or a batch size) that divide the sentences more evenly, or accept it"
+    "epoch: it leaves out the last partial batch of each bucket (batches of {batch_size}: "
+    "{partial} sentences), and, when it was built, {too_long} longer than its largest bucket "
+    "({longest} tokens){total}. Choose buckets (or a batch size) that divide the sentences "
+    "more evenly and reach the longest, or accept it"
+)
+TOO_LONG_UNCOUNTED = (
+    "the sentences (it printed how many; build it with mxoid.data.sentences."
+    "bucket_sentence_iter to have them counted here)"
+)
+NOT_THE_LARGEST = (
+    "default_bucket_key={key!r}: its graph does not take train_data's provide_data {shapes} "
+    "(the shapes of train_data's default bucket {theirs!r}, its largest), as MXNet reports: "
+    "{error}. The default bucket's executors are bound first, for the largest shapes, as "
+    "MXNet's memory pool needs: pass default_bucket_key={theirs!r} (or leave it out)"
+)
+OTHER_PARAMETER = (
+    "bucket {key!r}: sym_gen({key!r}) has the parameter {name!r}, which the default bucket "
+    "{default!r}'s graph does not have (its parameters: {known}). Every bucket's parameters "
+    "are the default bucket's, shared: {name!r} would never be initialized, trained or "
+    "saved. Name the parameters of every bucket alike (one cell or variable per parameter, "
+    "not one per bucket)"
 )
 NO_DEFAULT_KEY = (
     "MainLoop(sym_gen, ...) needs default_bucket_key=..., the bucket whose executors are bound "
@@ -59,6 +78,26 @@ def resolve_network(
 
 def _names(descs: Sequence[Any]) -> List[str]:
     return [d[0] if isinstance(d, tuple) else d.name for d in descs or ()]
+
+
+def _warn_left_out(train_data: Any, stacklevel: int) -> None:
+    """Warn of the sentences an epoch of a ``BucketSentenceIter`` leaves out, and why."""
+    coverage = sentences_per_epoch(train_data)
+    used, held, too_long = coverage["used"], coverage["held"], coverage["too_long"]
+    if used < held or too_long:
+        left = held - used + (too_long or 0)
+        warnings.warn(
+            LEFT_OUT.format(
+                used=used,
+                held=held,
+                batch_size=train_data.batch_size,
+                partial=held - used,
+                too_long=TOO_LONG_UNCOUNTED if too_long is None else too_long,
+                longest=max(train_data.buckets),
+                total="" if too_long is None else f": {left} left out in all",
+            ),
+            stacklevel=stacklevel,
+        )
 
 
 class BucketNetwork(Network):
@@ -96,18 +135,36 @@ class BucketNetwork(Network):
         if default_key is None:
             raise ValueError(NO_DEFAULT_KEY)
         if is_bucket_sentence_iter(train_data):
-            coverage = sentences_per_epoch(train_data)
-            if coverage["used"] < coverage["held"]:
-                warnings.warn(
-                    LEFT_OUT.format(**coverage, batch_size=train_data.batch_size),
-                    stacklevel=stacklevel,
-                )
+            _warn_left_out(train_data, stacklevel + 1)
         self.sym_gen = sym_gen
         self.default_key = default_key
         self._symbols: Dict[Hashable, mx.sym.Symbol] = {}
         self._training: Dict[Hashable, ExecutorSet] = {}
         data, labels = train_data.provide_data, train_data.provide_label
+        self._inputs = set(_names(data)) | set(_names(labels))
         super().__init__(self.symbol_of(default_key, data, labels), train_data)
+        self._check_default(data, labels)
+        for key in getattr(train_data, "buckets", None) or ():  # every bucket it says it has
+            self.symbol_of(key, data, labels)
+
+    def _check_default(self, data: Sequence[Any], labels: Sequence[Any]) -> None:
+        """Raise when the default bucket's graph cannot take ``train_data.provide_data``."""
+        arguments = set(self.symbol.list_arguments())
+        shapes = {d[0] if isinstance(d, tuple) else d.name: tuple(d[1]) for d in [*data, *labels]}
+        shapes = {name: shape for name, shape in shapes.items() if name in arguments}
+        try:
+            self.symbol.infer_shape(**shapes)
+        except mx.base.MXNetError as error:
+            theirs = getattr(self.train_data, "default_bucket_key", "the largest")
+            first = str(error).strip().splitlines()[0]
+            raise ValueError(
+                NOT_THE_LARGEST.format(
+                    key=self.default_key, shapes=shapes, theirs=theirs, error=first
+                )
+            ) from None
+
+    def _parameters(self, symbol: mx.sym.Symbol) -> List[str]:
+        return [name for name in symbol.list_arguments() if name not in self._inputs]
 
     def state(self) -> Dict[str, Any]:
         """Return the default bucket's key, which a checkpoint's files are named after."""
@@ -116,6 +173,10 @@ class BucketNetwork(Network):
     def key_of(self, batch: Any) -> Optional[Hashable]:
         """Return ``batch.bucket_key`` (None where the batch says none)."""
         return getattr(batch, "bucket_key", None)
+
+    def default_key_of(self, iterator: Any) -> Optional[Hashable]:
+        """Return ``iterator.default_bucket_key`` (the bucket of its ``provide_data``), or ours."""
+        return getattr(iterator, "default_bucket_key", self.default_key)
 
     def graph(
         self, key: Optional[Hashable] = None, data_descs: Any = None, label_descs: Any = None
@@ -146,6 +207,15 @@ class BucketNetwork(Network):
                 f"label_names={list(label_names)}, but the batches of bucket {key!r} provide "
                 f"data {given_data} and labels {given_labels}: name them alike"
             )
+        if key != self.default_key and self._symbols:
+            known = self._parameters(self.symbol)
+            for name in self._parameters(symbol):
+                if name not in known:
+                    raise ValueError(
+                        OTHER_PARAMETER.format(
+                            key=key, name=name, default=self.default_key, known=known
+                        )
+                    )
         self._symbols[key] = symbol
         return symbol
 
