@@ -4,7 +4,8 @@
 :meth:`Training.run_epoch` and :meth:`Training.end_epoch` until a stop is
 requested, then :meth:`Training.finish`. A batch (:meth:`Training.run_epoch`):
 ``before_batch`` -> its executors (the network's, where batches switch graphs:
-:meth:`mxoid.network.Network.training_set`) -> the batch copied into the
+:meth:`mxoid.network.Network.training_set`; the step then averages the gradient
+over their rows, :meth:`mxoid.update.Update.average_over`) -> the batch copied into the
 devices -> forward -> backward -> ``after_backward`` (the training pass's
 outputs, labels and padding, before any evaluation) -> the optimizer step
 (:func:`~mxoid.main_loop.accumulation.step_function`) -> the host's lead
@@ -154,6 +155,7 @@ class Training:
             if switching and network.key_of(batch) != key:
                 executors = network.training_set(manager, batch, self.ask_heads)
                 manager.use(executors)
+                self.update.average_over(executors.batch_size)  # a short batch: its real rows
                 key = network.key_of(batch)
             executors.load_data_batch(batch)
             executors.forward(is_train=True)
@@ -169,7 +171,9 @@ class Training:
             if after_batch is not None:
                 after_batch(batch)
             if stop_due(status.iterations_done):
+                self.update.average_over()
                 return False
+        self.update.average_over()
         if status.iterations_done_in_epoch == trained == 0:
             raise ValueError(NO_BATCHES)
         return True

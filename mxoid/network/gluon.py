@@ -12,13 +12,21 @@ The training graph's outputs are the block's outputs, named ``output`` (or
 ``output0``, ``output1``, ... for several), and the loss, named ``loss``: a
 ``MakeLoss`` of the loss's value per row, whose gradient is the loss's summed
 over the batch; the optimizer's ``rescale_grad`` of ``1 / batch_size`` makes it
-``trainer.step(batch_size)``'s. Metrics given without an output name bind to
-the block's output (a ``MakeLoss`` output is a loss, not a prediction); the
-loss's mean per batch is the metric ``'loss'`` on the output ``'loss'``. The
-inputs are named ``data`` (``data0``, ``data1``, ... for a block of several
-inputs) and the labels ``label`` (``label0``, ...) when the training data is a
-Gluon ``DataLoader`` (read through :class:`mxoid.data.DataLoaderIter`); an
-``mx.io.DataIter`` names them itself.
+``trainer.step(batch_size)``'s. A ``DataLoader``'s short last batch
+(``last_batch='keep'``) is trained at its real size, as a Gluon loop trains it
+with ``trainer.step(real_rows)``: on executors of that many rows, bound once
+and sharing the training set's arrays (as a bucket's are), and a step whose
+``rescale_grad`` is ``1 / real_rows``; no padding row enters the gradient or
+BatchNorm's statistics. An ``mx.io.DataIter``'s padded last batch (an
+``NDArrayIter``'s) is trained padded, as ``Module.fit`` trains it.
+
+Metrics given without an output name bind to the block's output (a ``MakeLoss``
+output is a loss, not a prediction); the loss's mean per batch is the metric
+``'loss'`` on the output ``'loss'``. The inputs are named ``data`` (``data0``,
+``data1``, ... for a block of several inputs) and the labels ``label``
+(``label0``, ...) when the training data is a Gluon ``DataLoader`` (read
+through :class:`mxoid.data.DataLoaderIter`); an ``mx.io.DataIter`` names them
+itself.
 """
 
 from __future__ import annotations
@@ -30,8 +38,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import mxnet as mx
 from mxnet import autograd, gluon
 
-from ..data.loader import as_data_iter
-from .base import Network
+from ..data.loader import DataLoaderIter, as_data_iter
+from ..executor_manager import DataParallelExecutorManager, ExecutorSet
+from .base import AskHeads, Network
 
 __all__ = ["GluonNetwork", "input_names", "is_block", "network_inputs"]
 
@@ -167,6 +176,10 @@ class GluonNetwork(Network):
         self.evaluation_symbol = None if _same_graph(train, predict) else predict
         self.prediction = mx.sym.Group(self._raw_outputs)  # predict mode, for net-symbol.json
         self.parameters = {p.name: p for p in block.collect_params().values()}
+        self._short_sets: Dict[Any, ExecutorSet] = {}
+        if isinstance(train_data, DataLoaderIter):
+            train_data.keep_short = True  # its short last batch at its real size
+            self.switches_graphs = True
 
     def _finish_initialization(
         self, data_descs: Sequence[Any], initializer: Optional[mx.init.Initializer]
@@ -202,6 +215,34 @@ class GluonNetwork(Network):
     ) -> mx.sym.Symbol:
         """Return the graph that evaluates and predicts: traced in predict mode."""
         return self.symbol if self.evaluation_symbol is None else self.evaluation_symbol
+
+    def key_of(self, batch: Any) -> Any:
+        """Return None, or for a short batch kept at its real size ``('rows', real_rows)``."""
+        if getattr(batch, "short", False):
+            return ("rows", batch.provide_data[0].shape[0])
+        return None
+
+    def training_set(
+        self, manager: DataParallelExecutorManager, batch: Any, ask_heads: AskHeads
+    ) -> ExecutorSet:
+        """Return the training set, or for a short batch executors of its rows, bound once."""
+        key = self.key_of(batch)
+        if key is None:
+            return manager.training_set
+        found = self._short_sets.get(key)
+        if found is None:
+            data, labels = batch.provide_data, batch.provide_label
+            heads, owners = ask_heads(self.symbol, data, labels, key)
+            found = self._short_sets[key] = manager.executor_set(
+                data,
+                labels,
+                heads,
+                key=key,
+                symbol=self.symbol,
+                for_training=True,
+                head_owners=owners,
+            )
+        return found
 
     # ------------------------------------------------------------ parameters
     def loop_settings(
