@@ -100,6 +100,14 @@ class Network:
         """Return what the loop's state records of the network (plain data; none for a symbol)."""
         return {}
 
+    def check_metrics(self, bound: Sequence[Tuple[str, Any]]) -> None:
+        """Raise ``ValueError`` where a metric cannot read the output it is bound to.
+
+        ``bound``: ``(output name, metric)`` pairs, as an extension binds them
+        when attached. A symbol's outputs are what its metrics read (nothing
+        refused); a Gluon block's scores are not probabilities.
+        """
+
     # ------------------------------------------------------- graphs and sets
     def key_of(self, batch: Any) -> Optional[Hashable]:
         """Return the key of ``batch``'s graph: None for a network of one graph."""

@@ -36,6 +36,7 @@ import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import mxnet as mx
+import numpy as np
 from mxnet import autograd, gluon
 
 from ..data.loader import DataLoaderIter, as_data_iter
@@ -51,6 +52,26 @@ NOT_HYBRID = (
     "gluon.HybridBlock (define hybrid_forward(self, F, x, ...) instead of forward), as "
     "net.hybridize() needs too"
 )
+NOT_PER_ROW = (
+    "the loss returns an array of shape {shape} for a batch of {rows} rows, not one value per "
+    "row: mxoid averages the loss over the batch itself (as trainer.step(batch_size) does), so "
+    "a loss already averaged (F.mean(...)) would train with 1/batch_size of its gradient. "
+    "Return one value per row, e.g. F.mean(loss, axis=tuple(range(1, ndim))) or a "
+    "gluon.loss.Loss, which averages over every axis but the batch's"
+)
+OTHER_TYPE = (
+    "the training data's input {name!r} is {dtype}, but the block's parameters are {params}: "
+    "cast the samples (e.g. dataset.transform_first(lambda x: x.astype({params!r})), or "
+    "X.astype({params!r}) for an ArrayDataset), or cast the block to the input's type "
+    "(net.cast({dtype!r}))"
+)
+SCORES_NOT_PROBABILITIES = (
+    "the metric {metric!r} reads probabilities, but the block's output {output!r} holds the "
+    "scores (logits) {loss} turns into log-probabilities itself: it would record NaN or a "
+    "wrong number. Its cross-entropy is the metric 'loss' on the output 'loss' "
+    "(metrics={{{output!r}: 'acc', 'loss': 'loss'}}, records train_loss / valid_loss)"
+)
+PROBABILITY_METRICS = ("cross_entropy", "nll_loss", "perplexity")
 NO_LOSS = (
     "a Gluon network needs its loss: MainLoop(net, train_data, "
     "loss=gluon.loss.SoftmaxCrossEntropyLoss(), ...)"
@@ -169,8 +190,10 @@ class GluonNetwork(Network):
         self.block, self.loss = block, loss
         self.data_names = [_desc_name(d) for d in data_descs]
         self.label_names = list(label_names)
+        _check_types(block, data_descs)
         self._finish_initialization(data_descs, initializer)
         train, self.output_names = self._trace(autograd.train_mode)
+        _check_per_row(train, data_descs, getattr(train_data, "provide_label", None))
         predict, _ = self._trace(autograd.predict_mode)
         super().__init__(train, train_data)
         self.evaluation_symbol = None if _same_graph(train, predict) else predict
@@ -215,6 +238,23 @@ class GluonNetwork(Network):
     ) -> mx.sym.Symbol:
         """Return the graph that evaluates and predicts: traced in predict mode."""
         return self.symbol if self.evaluation_symbol is None else self.evaluation_symbol
+
+    def check_metrics(self, bound: Sequence[Tuple[str, Any]]) -> None:
+        """Refuse a probability metric (``'ce'``...) on the scores a softmax cross-entropy takes.
+
+        ``gluon.loss.SoftmaxCrossEntropyLoss`` takes scores (logits, or
+        log-probabilities with ``from_logits=True``), not probabilities: the
+        cross-entropy of those is the metric ``'loss'``.
+        """
+        if not isinstance(self.loss, gluon.loss.SoftmaxCrossEntropyLoss):
+            return
+        for output, metric in bound:
+            if output in self.output_names and metric.name in PROBABILITY_METRICS:
+                raise ValueError(
+                    SCORES_NOT_PROBABILITIES.format(
+                        metric=metric.name, output=output, loss=type(self.loss).__name__
+                    )
+                )
 
     def key_of(self, batch: Any) -> Any:
         """Return None, or for a short batch kept at its real size ``('rows', real_rows)``."""
@@ -334,6 +374,30 @@ def network_inputs(
         network, loss, list(train_data.provide_data), labels, initializer, train_data
     )
     return traced.symbol, train_data, traced
+
+
+def _check_types(block: gluon.HybridBlock, data_descs: Sequence[Any]) -> None:
+    """Refuse float inputs of another type than the block's float parameters, naming the cast."""
+    kinds = {np.dtype(p.dtype).name for p in block.collect_params().values() if p.dtype}
+    floats = sorted(k for k in kinds if k.startswith("float"))
+    if len(floats) != 1:
+        return
+    for desc in data_descs:
+        dtype = np.dtype(_desc_dtype(desc)).name
+        if dtype.startswith("float") and dtype != floats[0]:
+            raise TypeError(OTHER_TYPE.format(name=_desc_name(desc), dtype=dtype, params=floats[0]))
+
+
+def _check_per_row(symbol: mx.sym.Symbol, data_descs: Sequence[Any], label_descs: Any) -> None:
+    """Refuse a loss that does not return one value per row (an average, say)."""
+    shapes = {_desc_name(d): _desc_shape(d) for d in list(data_descs) + list(label_descs or ())}
+    try:
+        _, (*_, shape), _ = symbol.infer_shape_partial(**shapes)
+    except mx.base.MXNetError:
+        return  # the binding says what is wrong
+    rows = _desc_shape(data_descs[0])[0]
+    if shape and all(shape) and shape[0] != rows:  # () or a 0: not known here
+        raise ValueError(NOT_PER_ROW.format(shape=tuple(shape), rows=rows))
 
 
 def _desc_name(desc: Any) -> str:
