@@ -26,7 +26,7 @@ import numpy as np
 
 from .sampling import RANDOM_STATE_LOCK, EpochOrder, KeyBatches, SeededDataset
 
-__all__ = ["DataLoaderIter", "as_data_iter"]
+__all__ = ["DataLoaderIter", "as_data_iter", "as_input_iter"]
 
 Names = Union[str, Sequence[str]]
 
@@ -80,6 +80,22 @@ def as_data_iter(
         return DataLoaderIter(obj, data_names=data_names, label_names=label_names)
     hint = A_DATASET if isinstance(obj, mx.gluon.data.Dataset) else ""
     raise TypeError(NOT_A_LOADER.format(kind=type(obj).__name__, hint=hint))
+
+
+def as_input_iter(obj: Any, data_names: Names, label_names: Names) -> Any:
+    """Return ``obj`` as :func:`as_data_iter` does, a ``DataLoader`` of data alone accepted too.
+
+    For prediction, which reads no labels: a loader whose batches hold the
+    data arrays only is named by ``data_names`` alone.
+    """
+    if not isinstance(obj, mx.gluon.data.DataLoader):
+        return as_data_iter(obj, data_names, label_names)
+    try:
+        return DataLoaderIter(obj, data_names=data_names, label_names=label_names)
+    except ValueError:
+        if not label_names:
+            raise
+        return DataLoaderIter(obj, data_names=data_names, label_names=())
 
 
 class DataLoaderIter(mx.io.DataIter):

@@ -171,12 +171,19 @@ class Training:
             if after_batch is not None:
                 after_batch(batch)
             if stop_due(status.iterations_done):
-                self.update.average_over()
+                self._whole_batches()
                 return False
-        self.update.average_over()
+        self._whole_batches()
         if status.iterations_done_in_epoch == trained == 0:
             raise ValueError(NO_BATCHES)
         return True
+
+    def _whole_batches(self) -> None:
+        """After a short batch's executors (fewer rows): the training set and its step again."""
+        manager = self.manager
+        self.update.average_over()
+        if manager.batch_size != manager.training_set.batch_size:
+            manager.use(manager.training_set)
 
     def end_epoch(self) -> None:
         """After an epoch's last batch: the devices agree, the ``after_epoch`` hooks run."""
@@ -184,6 +191,7 @@ class Training:
         # As Module.fit: every device ends the epoch with the same model.
         self.manager.reconcile_aux_states()
         self.update.settle_buffers(self.synchronize)
+        self.network.give_back(self.manager.get_params)  # a block holds each epoch's model
         status.epoch_started = False
         status.epochs_done += 1
         self.log.epoch_ends.append(status.iterations_done)

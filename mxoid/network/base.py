@@ -84,7 +84,9 @@ class Network:
         return arg_params, aux_params, fixed_param_names
 
     def give_back(self, get_params: Callable[[], Tuple[Dict, Dict]]) -> None:
-        """When training ends, give the trained values to the user's object (a symbol has none).
+        """At each epoch's end and when training ends, give the values to the user's object.
+
+        A symbol has none; a Gluon block is set to them.
 
         ``get_params``: the loop's :meth:`~mxoid.MainLoop.get_params`, called
         only by a network that keeps values of its own (a Gluon block).

@@ -313,7 +313,12 @@ class GluonNetwork(Network):
         return sorted(n for n, p in self.parameters.items() if p.grad_req == "null" and n in args)
 
     def give_back(self, get_params: Any) -> None:
-        """When training ends, set the block's parameters to the trained values: it is the model."""
+        """Set the block's parameters to the trained values: it is the model.
+
+        At every epoch's end (before the ``after_epoch`` hooks), at every
+        checkpoint (:meth:`checkpoint_files`) and when training ends: an
+        extension or a user reading ``net`` then reads the model as trained.
+        """
         self.write_back(*get_params())
 
     def write_back(
@@ -334,8 +339,10 @@ class GluonNetwork(Network):
         ``net.params``: ``block.save_parameters``'s file (``block.load_parameters``);
         ``net-symbol.json``: the block's graph in predict mode, which
         ``gluon.SymbolBlock.imports('net-symbol.json', data_names,
-        'model-<epoch>.params')`` loads with the checkpoint's parameters.
+        'model-<epoch>.params')`` loads with the checkpoint's parameters. The
+        block is set to these values too (:meth:`give_back`).
         """
+        self.write_back(arg_params, aux_params)
         values = {**aux_params, **arg_params}
         by_structure = {
             structure: values[param.name]
