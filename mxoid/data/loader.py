@@ -26,7 +26,7 @@ import numpy as np
 
 from .sampling import RANDOM_STATE_LOCK, EpochOrder, KeyBatches, SeededDataset
 
-__all__ = ["DataLoaderIter", "as_data_iter"]
+__all__ = ["DataLoaderIter", "as_data_iter", "as_input_iter"]
 
 Names = Union[str, Sequence[str]]
 
@@ -82,6 +82,22 @@ def as_data_iter(
     raise TypeError(NOT_A_LOADER.format(kind=type(obj).__name__, hint=hint))
 
 
+def as_input_iter(obj: Any, data_names: Names, label_names: Names) -> Any:
+    """Return ``obj`` as :func:`as_data_iter` does, a ``DataLoader`` of data alone accepted too.
+
+    For prediction, which reads no labels: a loader whose batches hold the
+    data arrays only is named by ``data_names`` alone.
+    """
+    if not isinstance(obj, mx.gluon.data.DataLoader):
+        return as_data_iter(obj, data_names, label_names)
+    try:
+        return DataLoaderIter(obj, data_names=data_names, label_names=label_names)
+    except ValueError:
+        if not label_names:
+            raise
+        return DataLoaderIter(obj, data_names=data_names, label_names=())
+
+
 class DataLoaderIter(mx.io.DataIter):
     """A Gluon ``DataLoader`` read as an ``mx.io.DataIter``, resumable mid-epoch exactly.
 
@@ -100,7 +116,12 @@ class DataLoaderIter(mx.io.DataIter):
     valid label, finite values, BatchNorm's batch statistics and the training
     step of a padded batch made of real data, as ``NDArrayIter`` pads with the
     first rows of the data. ``'discard'`` and ``'rollover'`` are as the loader
-    has them. Batches come out as the loader gives them: NDArrays on the CPU
+    has them. With :attr:`keep_short` set (the loop sets it on the adapter it
+    trains a Gluon block from), the short batch comes out at its real size
+    instead, unpadded, with ``provide_data`` / ``provide_label`` of its own
+    and ``batch.short`` True: the loop trains it as Gluon's
+    ``trainer.step(real_rows)`` does (:mod:`mxoid.network.gluon`). Batches come
+    out as the loader gives them: NDArrays on the CPU
     (``cpu_shared`` from worker processes, ``cpu_pinned`` with
     ``pin_memory=True``).
 
@@ -162,6 +183,8 @@ class DataLoaderIter(mx.io.DataIter):
         The seed of the samples' random generators.
     epoch : int
         The current epoch, from 0.
+    keep_short : bool
+        Whether a short batch comes out at its real size (False: padded).
 
     Examples
     --------
@@ -208,6 +231,7 @@ class DataLoaderIter(mx.io.DataIter):
             thread_pool=loader._thread_pool,
             timeout=loader._timeout,
         )
+        self.keep_short = False
         self._stream: Any = None  # the internal loader's iterator, from the next batch on
         self._in_process = loader._num_workers == 0  # samples loaded by _read itself
         self._served = 0  # batches of the epoch handed out
@@ -253,6 +277,15 @@ class DataLoaderIter(mx.io.DataIter):
         self._peeked = None
         data, label, pad = self._batch(arrays)
         self._served += 1
+        if pad < 0:  # a short batch kept at its real size
+            rows = self.batch_size + pad
+            descs = [mx.io.DataDesc(d.name, (rows,) + d.shape[1:], d.dtype) for d in self._descs]
+            count = len(data)
+            batch = mx.io.DataBatch(
+                data, label, pad=0, provide_data=descs[:count], provide_label=descs[count:]
+            )
+            batch.short = True
+            return batch
         return mx.io.DataBatch(
             data=data,
             label=label,
@@ -361,7 +394,11 @@ class DataLoaderIter(mx.io.DataIter):
         )
 
     def _batch(self, arrays: List[mx.nd.NDArray]) -> Tuple[list, list, int]:
-        """Return a batch's data, labels and padding: its arrays checked, padded to batch_size."""
+        """Return a batch's data, labels and padding: its arrays checked, padded to batch_size.
+
+        With :attr:`keep_short`, a short batch is not padded: its padding is
+        returned negative (the rows it lacks).
+        """
         self._check_names(arrays)
         rows = arrays[0].shape[0]
         for desc, array in zip(self._descs, arrays):
@@ -382,7 +419,9 @@ class DataLoaderIter(mx.io.DataIter):
                     )
                 )
         pad = self.batch_size - rows
-        if pad:
+        if pad and self.keep_short:
+            pad = -pad
+        elif pad:
             arrays = [
                 mx.nd.concat(a, mx.nd.repeat(a[rows - 1 : rows], repeats=pad, axis=0), dim=0)
                 for a in arrays

@@ -52,7 +52,12 @@ class DataCheck(Extension):
     Inputs: every float data input, each value that is NaN or infinite. Labels:
     each label of a ``SoftmaxOutput`` whose output is ``(rows, classes)`` and
     label ``(rows,)``: a label that is not a whole number in ``[0, classes)``
-    (its ``ignore_label`` excepted, with ``use_ignore=True``) is out of range.
+    (its ``ignore_label`` excepted, with ``use_ignore=True``) is out of range;
+    and each label a ``pick`` reads from ``(rows, classes)`` scores, as a Gluon
+    block's ``gluon.loss.SoftmaxCrossEntropyLoss`` (``sparse_label=True``, its
+    default) reads it (``pick`` would silently clip it into range). The labels of
+    other losses (dense labels, regression) are not checked: attaching says so
+    in the log (``logging``, at INFO).
 
     It costs the devices about twenty small operators per batch (see the
     micro benchmark), too much to be on by default; add it while a data set
@@ -108,6 +113,13 @@ class DataCheck(Extension):
             label_terms.append(mx.sym.sum(inside == 0))
             self.labels.append(label)
         bad_labels = _total(label_terms)
+        unchecked = sorted({d[0] for d in request.label_descs} - set(self.labels))
+        if unchecked:
+            logger.info(
+                "DataCheck does not check the labels %s: only those of a SoftmaxOutput or of "
+                "a softmax cross-entropy's pick (gluon.loss.SoftmaxCrossEntropyLoss)",
+                unchecked,
+            )
         if nonfinite is None and bad_labels is None:
             return None
         nonfinite, bad_labels = (
@@ -207,21 +219,55 @@ def _total(terms: List[mx.sym.Symbol]) -> Optional[mx.sym.Symbol]:
     return total
 
 
+def _picked(
+    nodes: List[Dict[str, Any]],
+    node: Dict[str, Any],
+    label: str,
+    attributes: Dict[str, Any],
+    internals: mx.sym.Symbol,
+    shapes: Dict[str, tuple],
+) -> List[Tuple[str, int, Optional[float]]]:
+    """Return ``[(label, classes, None)]`` for a pick of 2-D scores along their last axis."""
+    scores, entry = nodes[node["inputs"][0][0]], node["inputs"][0][1]
+    if scores["op"] != "null" and entry != 0:
+        return []
+    name = scores["name"] if scores["op"] == "null" else scores["name"] + "_output"
+    try:
+        source = internals[name]
+        known = set(source.list_arguments())
+        _, (shape,), _ = source.infer_shape(**{k: v for k, v in shapes.items() if k in known})
+    except (mx.base.MXNetError, ValueError, IndexError):
+        return []
+    axis = int(attributes.get("axis", -1))
+    if len(shape) != 2 or axis not in (-1, 1) or tuple(shapes[label])[:1] != shape[:1]:
+        return []
+    if str(attributes.get("mode", "clip")) != "clip" or len(shapes[label]) > 2:
+        return []
+    return [(label, int(shape[1]), None)]
+
+
 def _softmax_labels(
     symbol: mx.sym.Symbol, shapes: Dict[str, tuple], request: HeadRequest
 ) -> List[Tuple[str, int, Optional[float]]]:
-    """Return ``(label, classes, ignored label or None)`` of each checkable SoftmaxOutput."""
+    """Return ``(label, classes, ignored label or None)`` of each checkable SoftmaxOutput.
+
+    And of each ``pick`` of ``(rows, classes)`` scores by a label of ``(rows,)``
+    (or ``(rows, 1)``): a Gluon softmax cross-entropy's.
+    """
     label_names = {d[0] for d in request.label_descs}
     nodes = json.loads(symbol.tojson())["nodes"]
     internals = symbol.get_internals()
     found = []
     for node in nodes:
-        if node["op"] != "SoftmaxOutput" or len(node["inputs"]) < 2:
+        if node["op"] not in ("SoftmaxOutput", "pick") or len(node["inputs"]) < 2:
             continue
         label = nodes[node["inputs"][1][0]]
         if label["op"] != "null" or label["name"] not in label_names:
             continue
         attributes = node.get("attrs") or node.get("attr") or node.get("param") or {}
+        if node["op"] == "pick":
+            found += _picked(nodes, node, label["name"], attributes, internals, shapes)
+            continue
         if str(attributes.get("multi_output", "False")).lower() in ("true", "1"):
             continue
         try:

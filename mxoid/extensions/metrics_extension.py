@@ -123,6 +123,8 @@ class MetricsExtension(Extension):
 
     def _metrics_on_outputs(self, loop: MainLoop) -> List[Tuple[str, Metric]]:
         manager = loop.manager
-        return _bind_outputs(
+        bound = _bind_outputs(
             self._keyed, self._parsed, manager.output_names, manager.metric_outputs
         )
+        loop.network.check_metrics(bound)  # a metric that cannot read its output: refused
+        return bound

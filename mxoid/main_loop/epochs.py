@@ -4,7 +4,8 @@
 :meth:`Training.run_epoch` and :meth:`Training.end_epoch` until a stop is
 requested, then :meth:`Training.finish`. A batch (:meth:`Training.run_epoch`):
 ``before_batch`` -> its executors (the network's, where batches switch graphs:
-:meth:`mxoid.network.Network.training_set`) -> the batch copied into the
+:meth:`mxoid.network.Network.training_set`; the step then averages the gradient
+over their rows, :meth:`mxoid.update.Update.average_over`) -> the batch copied into the
 devices -> forward -> backward -> ``after_backward`` (the training pass's
 outputs, labels and padding, before any evaluation) -> the optimizer step
 (:func:`~mxoid.main_loop.accumulation.step_function`) -> the host's lead
@@ -154,6 +155,7 @@ class Training:
             if switching and network.key_of(batch) != key:
                 executors = network.training_set(manager, batch, self.ask_heads)
                 manager.use(executors)
+                self.update.average_over(executors.batch_size)  # a short batch: its real rows
                 key = network.key_of(batch)
             executors.load_data_batch(batch)
             executors.forward(is_train=True)
@@ -169,10 +171,19 @@ class Training:
             if after_batch is not None:
                 after_batch(batch)
             if stop_due(status.iterations_done):
+                self._whole_batches()
                 return False
+        self._whole_batches()
         if status.iterations_done_in_epoch == trained == 0:
             raise ValueError(NO_BATCHES)
         return True
+
+    def _whole_batches(self) -> None:
+        """After a short batch's executors (fewer rows): the training set and its step again."""
+        manager = self.manager
+        self.update.average_over()
+        if manager.batch_size != manager.training_set.batch_size:
+            manager.use(manager.training_set)
 
     def end_epoch(self) -> None:
         """After an epoch's last batch: the devices agree, the ``after_epoch`` hooks run."""
@@ -180,6 +191,7 @@ class Training:
         # As Module.fit: every device ends the epoch with the same model.
         self.manager.reconcile_aux_states()
         self.update.settle_buffers(self.synchronize)
+        self.network.give_back(self.manager.get_params)  # a block holds each epoch's model
         status.epoch_started = False
         status.epochs_done += 1
         self.log.epoch_ends.append(status.iterations_done)

@@ -535,10 +535,16 @@ class MainLoop:
 
         As ``Module.predict(merge_batches=True)``: the padding of a last batch
         is dropped; ``outputs`` picks some (``'softmax'``); the iterator needs
-        no labels and is reset before and after. See :func:`mxoid.inference.predict_on`.
+        no labels and is reset before and after. A Gluon ``DataLoader`` (of data
+        and labels, or data alone) is read in order through
+        :class:`mxoid.data.DataLoaderIter`, its arrays named as the training inputs.
+        See :func:`mxoid.inference.predict_on`.
         """
+        from ..data.loader import as_input_iter
         from ..inference import predict_on
 
+        names = self.manager.data_names, self.manager.label_names
+        iterator = as_input_iter(iterator, *names)
         return predict_on(self.manager, self.network, iterator, outputs, self.max_batches_ahead)
 
     def score(

@@ -84,7 +84,9 @@ class Network:
         return arg_params, aux_params, fixed_param_names
 
     def give_back(self, get_params: Callable[[], Tuple[Dict, Dict]]) -> None:
-        """When training ends, give the trained values to the user's object (a symbol has none).
+        """At each epoch's end and when training ends, give the values to the user's object.
+
+        A symbol has none; a Gluon block is set to them.
 
         ``get_params``: the loop's :meth:`~mxoid.MainLoop.get_params`, called
         only by a network that keeps values of its own (a Gluon block).
@@ -99,6 +101,14 @@ class Network:
     def state(self) -> Dict[str, Any]:
         """Return what the loop's state records of the network (plain data; none for a symbol)."""
         return {}
+
+    def check_metrics(self, bound: Sequence[Tuple[str, Any]]) -> None:
+        """Raise ``ValueError`` where a metric cannot read the output it is bound to.
+
+        ``bound``: ``(output name, metric)`` pairs, as an extension binds them
+        when attached. A symbol's outputs are what its metrics read (nothing
+        refused); a Gluon block's scores are not probabilities.
+        """
 
     # ------------------------------------------------------- graphs and sets
     def key_of(self, batch: Any) -> Optional[Hashable]:

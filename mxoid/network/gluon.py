@@ -12,13 +12,21 @@ The training graph's outputs are the block's outputs, named ``output`` (or
 ``output0``, ``output1``, ... for several), and the loss, named ``loss``: a
 ``MakeLoss`` of the loss's value per row, whose gradient is the loss's summed
 over the batch; the optimizer's ``rescale_grad`` of ``1 / batch_size`` makes it
-``trainer.step(batch_size)``'s. Metrics given without an output name bind to
-the block's output (a ``MakeLoss`` output is a loss, not a prediction); the
-loss's mean per batch is the metric ``'loss'`` on the output ``'loss'``. The
-inputs are named ``data`` (``data0``, ``data1``, ... for a block of several
-inputs) and the labels ``label`` (``label0``, ...) when the training data is a
-Gluon ``DataLoader`` (read through :class:`mxoid.data.DataLoaderIter`); an
-``mx.io.DataIter`` names them itself.
+``trainer.step(batch_size)``'s. A ``DataLoader``'s short last batch
+(``last_batch='keep'``) is trained at its real size, as a Gluon loop trains it
+with ``trainer.step(real_rows)``: on executors of that many rows, bound once
+and sharing the training set's arrays (as a bucket's are), and a step whose
+``rescale_grad`` is ``1 / real_rows``; no padding row enters the gradient or
+BatchNorm's statistics. An ``mx.io.DataIter``'s padded last batch (an
+``NDArrayIter``'s) is trained padded, as ``Module.fit`` trains it.
+
+Metrics given without an output name bind to the block's output (a ``MakeLoss``
+output is a loss, not a prediction); the loss's mean per batch is the metric
+``'loss'`` on the output ``'loss'``. The inputs are named ``data`` (``data0``,
+``data1``, ... for a block of several inputs) and the labels ``label``
+(``label0``, ...) when the training data is a Gluon ``DataLoader`` (read
+through :class:`mxoid.data.DataLoaderIter`); an ``mx.io.DataIter`` names them
+itself.
 """
 
 from __future__ import annotations
@@ -28,10 +36,12 @@ import json
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import mxnet as mx
+import numpy as np
 from mxnet import autograd, gluon
 
-from ..data.loader import as_data_iter
-from .base import Network
+from ..data.loader import DataLoaderIter, as_data_iter
+from ..executor_manager import DataParallelExecutorManager, ExecutorSet
+from .base import AskHeads, Network
 
 __all__ = ["GluonNetwork", "input_names", "is_block", "network_inputs"]
 
@@ -42,6 +52,26 @@ NOT_HYBRID = (
     "gluon.HybridBlock (define hybrid_forward(self, F, x, ...) instead of forward), as "
     "net.hybridize() needs too"
 )
+NOT_PER_ROW = (
+    "the loss returns an array of shape {shape} for a batch of {rows} rows, not one value per "
+    "row: mxoid averages the loss over the batch itself (as trainer.step(batch_size) does), so "
+    "a loss already averaged (F.mean(...)) would train with 1/batch_size of its gradient. "
+    "Return one value per row, e.g. F.mean(loss, axis=tuple(range(1, ndim))) or a "
+    "gluon.loss.Loss, which averages over every axis but the batch's"
+)
+OTHER_TYPE = (
+    "the training data's input {name!r} is {dtype}, but the block's parameters are {params}: "
+    "cast the samples (e.g. dataset.transform_first(lambda x: x.astype({params!r})), or "
+    "X.astype({params!r}) for an ArrayDataset), or cast the block to the input's type "
+    "(net.cast({dtype!r}))"
+)
+SCORES_NOT_PROBABILITIES = (
+    "the metric {metric!r} reads probabilities, but the block's output {output!r} holds the "
+    "scores (logits) {loss} turns into log-probabilities itself: it would record NaN or a "
+    "wrong number. Its cross-entropy is the metric 'loss' on the output 'loss' "
+    "(metrics={{{output!r}: 'acc', 'loss': 'loss'}}, records train_loss / valid_loss)"
+)
+PROBABILITY_METRICS = ("cross_entropy", "nll_loss", "perplexity")
 NO_LOSS = (
     "a Gluon network needs its loss: MainLoop(net, train_data, "
     "loss=gluon.loss.SoftmaxCrossEntropyLoss(), ...)"
@@ -160,13 +190,19 @@ class GluonNetwork(Network):
         self.block, self.loss = block, loss
         self.data_names = [_desc_name(d) for d in data_descs]
         self.label_names = list(label_names)
+        _check_types(block, data_descs)
         self._finish_initialization(data_descs, initializer)
         train, self.output_names = self._trace(autograd.train_mode)
+        _check_per_row(train, data_descs, getattr(train_data, "provide_label", None))
         predict, _ = self._trace(autograd.predict_mode)
         super().__init__(train, train_data)
         self.evaluation_symbol = None if _same_graph(train, predict) else predict
         self.prediction = mx.sym.Group(self._raw_outputs)  # predict mode, for net-symbol.json
         self.parameters = {p.name: p for p in block.collect_params().values()}
+        self._short_sets: Dict[Any, ExecutorSet] = {}
+        if isinstance(train_data, DataLoaderIter):
+            train_data.keep_short = True  # its short last batch at its real size
+            self.switches_graphs = True
 
     def _finish_initialization(
         self, data_descs: Sequence[Any], initializer: Optional[mx.init.Initializer]
@@ -203,6 +239,51 @@ class GluonNetwork(Network):
         """Return the graph that evaluates and predicts: traced in predict mode."""
         return self.symbol if self.evaluation_symbol is None else self.evaluation_symbol
 
+    def check_metrics(self, bound: Sequence[Tuple[str, Any]]) -> None:
+        """Refuse a probability metric (``'ce'``...) on the scores a softmax cross-entropy takes.
+
+        ``gluon.loss.SoftmaxCrossEntropyLoss`` takes scores (logits, or
+        log-probabilities with ``from_logits=True``), not probabilities: the
+        cross-entropy of those is the metric ``'loss'``.
+        """
+        if not isinstance(self.loss, gluon.loss.SoftmaxCrossEntropyLoss):
+            return
+        for output, metric in bound:
+            if output in self.output_names and metric.name in PROBABILITY_METRICS:
+                raise ValueError(
+                    SCORES_NOT_PROBABILITIES.format(
+                        metric=metric.name, output=output, loss=type(self.loss).__name__
+                    )
+                )
+
+    def key_of(self, batch: Any) -> Any:
+        """Return None, or for a short batch kept at its real size ``('rows', real_rows)``."""
+        if getattr(batch, "short", False):
+            return ("rows", batch.provide_data[0].shape[0])
+        return None
+
+    def training_set(
+        self, manager: DataParallelExecutorManager, batch: Any, ask_heads: AskHeads
+    ) -> ExecutorSet:
+        """Return the training set, or for a short batch executors of its rows, bound once."""
+        key = self.key_of(batch)
+        if key is None:
+            return manager.training_set
+        found = self._short_sets.get(key)
+        if found is None:
+            data, labels = batch.provide_data, batch.provide_label
+            heads, owners = ask_heads(self.symbol, data, labels, key)
+            found = self._short_sets[key] = manager.executor_set(
+                data,
+                labels,
+                heads,
+                key=key,
+                symbol=self.symbol,
+                for_training=True,
+                head_owners=owners,
+            )
+        return found
+
     # ------------------------------------------------------------ parameters
     def loop_settings(
         self,
@@ -232,7 +313,12 @@ class GluonNetwork(Network):
         return sorted(n for n, p in self.parameters.items() if p.grad_req == "null" and n in args)
 
     def give_back(self, get_params: Any) -> None:
-        """When training ends, set the block's parameters to the trained values: it is the model."""
+        """Set the block's parameters to the trained values: it is the model.
+
+        At every epoch's end (before the ``after_epoch`` hooks), at every
+        checkpoint (:meth:`checkpoint_files`) and when training ends: an
+        extension or a user reading ``net`` then reads the model as trained.
+        """
         self.write_back(*get_params())
 
     def write_back(
@@ -253,8 +339,10 @@ class GluonNetwork(Network):
         ``net.params``: ``block.save_parameters``'s file (``block.load_parameters``);
         ``net-symbol.json``: the block's graph in predict mode, which
         ``gluon.SymbolBlock.imports('net-symbol.json', data_names,
-        'model-<epoch>.params')`` loads with the checkpoint's parameters.
+        'model-<epoch>.params')`` loads with the checkpoint's parameters. The
+        block is set to these values too (:meth:`give_back`).
         """
+        self.write_back(arg_params, aux_params)
         values = {**aux_params, **arg_params}
         by_structure = {
             structure: values[param.name]
@@ -293,6 +381,30 @@ def network_inputs(
         network, loss, list(train_data.provide_data), labels, initializer, train_data
     )
     return traced.symbol, train_data, traced
+
+
+def _check_types(block: gluon.HybridBlock, data_descs: Sequence[Any]) -> None:
+    """Refuse float inputs of another type than the block's float parameters, naming the cast."""
+    kinds = {np.dtype(p.dtype).name for p in block.collect_params().values() if p.dtype}
+    floats = sorted(k for k in kinds if k.startswith("float"))
+    if len(floats) != 1:
+        return
+    for desc in data_descs:
+        dtype = np.dtype(_desc_dtype(desc)).name
+        if dtype.startswith("float") and dtype != floats[0]:
+            raise TypeError(OTHER_TYPE.format(name=_desc_name(desc), dtype=dtype, params=floats[0]))
+
+
+def _check_per_row(symbol: mx.sym.Symbol, data_descs: Sequence[Any], label_descs: Any) -> None:
+    """Refuse a loss that does not return one value per row (an average, say)."""
+    shapes = {_desc_name(d): _desc_shape(d) for d in list(data_descs) + list(label_descs or ())}
+    try:
+        _, (*_, shape), _ = symbol.infer_shape_partial(**shapes)
+    except mx.base.MXNetError:
+        return  # the binding says what is wrong
+    rows = _desc_shape(data_descs[0])[0]
+    if shape and all(shape) and shape[0] != rows:  # () or a 0: not known here
+        raise ValueError(NOT_PER_ROW.format(shape=tuple(shape), rows=rows))
 
 
 def _desc_name(desc: Any) -> str:

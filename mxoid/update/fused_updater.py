@@ -148,9 +148,18 @@ class FusedUpdater(mx.optimizer.Updater):
         if (weight.handle.value == plan.weight and grad.handle.value == plan.grad) or (
             self.kvstore_buffers and plan.same_storage(weight, grad)
         ):
-            plan.call(lr=lr, wd=wd)
+            plan.call(lr=lr, wd=wd, rescale_grad=optimizer.rescale_grad)
         else:  # other arrays than those prepared
-            self._function(weight, grad, *plan.states, out=weight, lr=lr, wd=wd, **plan.constants)
+            self._function(
+                weight,
+                grad,
+                *plan.states,
+                out=weight,
+                lr=lr,
+                wd=wd,
+                rescale_grad=optimizer.rescale_grad,
+                **plan.constants,
+            )
 
     @property
     def buffers_to_settle(self) -> bool:
@@ -197,7 +206,7 @@ class FusedUpdater(mx.optimizer.Updater):
     def _prepare(self, plan: _Plan, grad: mx.nd.NDArray, weight: mx.nd.NDArray) -> PreparedCall:
         """Prepare the kernel call on these arrays, with the keywords the optimizer passes."""
         optimizer, kernel = self.optimizer, self._kernel
-        constants: Dict[str, Any] = {"rescale_grad": optimizer.rescale_grad}
+        constants: Dict[str, Any] = {}  # rescale_grad is read at each step: see Update.average_over
         if optimizer.clip_gradient:
             constants["clip_gradient"] = optimizer.clip_gradient
         if kernel == "adam_update":

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Union
 
 import mxnet as mx
 
-from ..distributed.servers import is_distributed, set_server_optimizer
+from ..distributed.servers import is_asynchronous, is_distributed, set_server_optimizer
 from .functions import local_update_parts, prepared_update_on_kvstore
 from .fused_updater import create_updater
 from .kvstore import initialize_kvstore, kvstore_keys
@@ -43,6 +43,9 @@ class Update:
         there: one device and no kvstore, or the kvstore updates (it sums).
     apply : callable
         The second half: the optimizer's update.
+    rows : int
+        Rows of a batch whose step the optimizer's ``rescale_grad`` averages
+        (the training set's batch size; :meth:`average_over` changes it).
     """
 
     def __init__(
@@ -60,6 +63,8 @@ class Update:
         self.updater = updater
         self.settings = optimizer_settings(optimizer)
         self.reduce, self.apply = reduce, apply
+        self.rows = self._batch_rows = 0  # set by prepare_update
+        self._accumulate, self._workers, self._default_rescale = 1, 1, None
         if reduce is None:
             self.step = apply
         else:
@@ -81,6 +86,30 @@ class Update:
         if getattr(updater, "buffers_to_settle", False):
             synchronize()
             updater.settle_buffers()
+
+    def average_over(self, rows: Optional[int] = None) -> None:
+        """Make the next steps average the gradient over batches of ``rows`` rows (None: all).
+
+        A short last batch trained at its real size (a Gluon ``DataLoader``'s
+        ``last_batch='keep'``) takes the step ``trainer.step(real_rows)`` takes:
+        ``rescale_grad`` becomes ``1 / real_rows`` (for the default rescaling;
+        a ``rescale_grad`` of one's own is scaled by ``batch_size / rows``).
+        With ``accumulate_batches=k`` the group is counted as ``k - 1`` whole
+        batches and this one. None gives back the batch size's rescaling.
+        """
+        rows = self._batch_rows if rows is None else rows
+        if rows == self.rows:
+            return
+        base = self._batch_rows
+        optimizer = self.optimizer
+        if rows == base:
+            optimizer.rescale_grad = self._rescale
+        elif self._rescale == self._default_rescale:
+            optimizer.rescale_grad = 1.0 / (((self._accumulate - 1) * base + rows) * self._workers)
+        else:
+            whole = self._accumulate * base
+            optimizer.rescale_grad = self._rescale * whole / (whole - base + rows)
+        self.rows = rows
 
     def _states_updater(self) -> Optional[mx.optimizer.Updater]:
         """Return the updater holding the optimizer states here; None when the servers hold them."""
@@ -169,4 +198,11 @@ def prepare_update(
         reduce, apply = local_update_parts(
             manager.param_arrays, manager.grad_arrays, updater, len(manager.contexts), kvstore, keys
         )
-    return Update(kvstore, update_on_kvstore, optimizer, updater, reduce, apply)
+    update = Update(kvstore, update_on_kvstore, optimizer, updater, reduce, apply)
+    update.rows = update._batch_rows = manager.batch_size
+    update._rescale, update._accumulate = optimizer.rescale_grad, accumulate_batches
+    update._default_rescale = 1.0 / (accumulate_batches * manager.batch_size)
+    if is_distributed(kvstore) and not is_asynchronous(kvstore):
+        update._workers = kvstore.num_workers
+        update._default_rescale /= kvstore.num_workers
+    return update

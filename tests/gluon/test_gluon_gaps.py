@@ -1,0 +1,103 @@
+"""What a Gluon user reaches for: predict and score on DataLoaders, the block holding the
+model whenever one can look, and the README's "Coming from Gluon" snippet as pasted."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import mxnet as mx
+import numpy as np
+import pytest
+from conftest import classification_data
+from mxnet import gluon
+from mxnet.gluon import nn
+
+from mxoid import Checkpoint, Extension, FinishAfter, MainLoop
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def dense():
+    net = nn.HybridSequential()
+    net.add(nn.Dense(8, activation="relu"), nn.BatchNorm(), nn.Dense(3))
+    mx.random.seed(2)
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def test_predict_and_score_take_dataloaders():
+    """predict(loader) equals net(x) on every sample (a short last batch included), for a
+    loader of data and labels and one of data alone; score(loader) as Evaluate records."""
+    X, y = classification_data(100)
+    net = dense()
+    train = gluon.data.DataLoader(gluon.data.ArrayDataset(X, y), 32)
+    loop = MainLoop(
+        net,
+        train,
+        loss=gluon.loss.SoftmaxCrossEntropyLoss(),
+        extensions=[FinishAfter(after_n_epochs=2)],
+    )
+    loop.run()
+    expected = net(mx.nd.array(X)).asnumpy()
+    for loader in (train, gluon.data.DataLoader(gluon.data.ArrayDataset(X), 32)):
+        predicted = loop.predict(loader, "output")["output"]
+        assert predicted.shape == expected.shape
+        np.testing.assert_allclose(predicted, expected, rtol=1e-5, atol=1e-6)
+    scores = loop.score(train, {"output": "acc"})
+    assert scores["valid_accuracy"] == pytest.approx((expected.argmax(1) == y).mean())
+
+
+class ReadsTheBlock(Extension):
+    """Reads the block's values at every epoch end, as a user's extension would."""
+
+    def __init__(self, net):
+        super().__init__(after_epoch=True)
+        self.net, self.seen = net, []
+
+    def do(self, which_callback, *args):
+        args, aux = self.main_loop.get_params()
+        params = {p.name: p.data().asnumpy() for p in self.net.collect_params().values()}
+        self.seen.append(all((params[k] == v.asnumpy()).all() for k, v in {**args, **aux}.items()))
+
+
+def test_the_block_holds_the_trained_values_at_every_epoch_end_and_checkpoint(tmp_path):
+    X, y = classification_data(100)
+    net = dense()
+    net(mx.nd.array(X[:1]))  # the shapes
+    first = net[0].weight.data().asnumpy().copy()
+    reader = ReadsTheBlock(net)
+    loop = MainLoop(
+        net,
+        gluon.data.DataLoader(gluon.data.ArrayDataset(X, y), 32),
+        loss=gluon.loss.SoftmaxCrossEntropyLoss(),
+        extensions=[reader, FinishAfter(after_n_epochs=3)],
+    )
+    loop.run()
+    assert reader.seen == [True, True, True]
+    assert not (net[0].weight.data().asnumpy() == first).all()
+    net = dense()  # a checkpoint mid-epoch
+    MainLoop(
+        net,
+        gluon.data.DataLoader(gluon.data.ArrayDataset(X, y), 32),
+        loss=gluon.loss.SoftmaxCrossEntropyLoss(),
+        extensions=[Checkpoint(str(tmp_path), every_n_batches=2), FinishAfter(after_n_batches=2)],
+    ).run()
+    saved = mx.nd.load(str(next(tmp_path.glob("checkpoint-*")) / "net.params"))
+    np.testing.assert_array_equal(net[0].weight.data().asnumpy(), saved["0.weight"].asnumpy())
+
+
+def test_the_readme_gluon_snippet_runs_as_pasted_twice(tmp_path):
+    """Its EarlyStopping has a patience; a second run writes beside the first's checkpoints."""
+    text = README.read_text()
+    start = text.index("\n## Coming from Gluon")
+    (block,) = re.findall(r"```python\n(.*?)```", text[start : text.find("\n## ", start + 1)], re.S)
+    script = tmp_path / "coming_from_gluon.py"
+    script.write_text(block)
+    for _ in (1, 2):
+        done = subprocess.run(
+            [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert "(100, 3)" in done.stdout
+    assert len([p for p in (tmp_path / "runs" / "gluon").iterdir() if p.is_dir()]) >= 2
