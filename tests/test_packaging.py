@@ -199,6 +199,6 @@ def test_ci_reads_the_readmes_two_commands_and_they_use_the_installer():
     assert done.returncode == 0, done.stderr
     example, tests = done.stdout.splitlines()
     assert example == "python install.py -e '.[examples]' && python examples/train_digits.py"
-    assert tests == "python install.py -e '.[test]' && python -m pytest -q"
+    assert tests == "python install.py -e '.[test]' && python -m pytest -q -n auto"
     top = (ROOT / "README.md").read_text().split("\n## ", 1)[0]
     assert f"```bash\n{example}\n```" in top and f"```bash\n{tests}\n```" in top
