@@ -275,3 +275,15 @@ def test_startup_check_every_contender_from_scratch_trains_as_module_fit(tmp_pat
         "MainLoop(...) + one epoch, everyday extensions, mlp 1 ctx: <= Module's",
     ]
     assert "| mlp   |   1 | mxoid, first run |" in stdout
+
+
+def test_scaling_check_launches_one_and_two_workers_on_loopback(tmp_path):
+    """``mxoid launch`` of 1 and 2 workers and a server: every step timed in its three
+    parts, and the bytes each worker pushes and pulls counted from its arrays."""
+    data, stdout = check("scaling", tmp_path)
+    cells = {(c["model"], c["workers"], c["servers"]) for c in data["results"]}
+    assert cells == {("mlp", 1, 1), ("mlp", 2, 1)}
+    for cell in data["results"]:
+        assert cell["step"] > 0 and min(cell["compute"], cell["pushpull"]) > 0
+        assert cell["bytes_per_worker"] == 2 * 4 * cell["params"]
+    assert "| model | workers | servers | step ms |" in stdout
