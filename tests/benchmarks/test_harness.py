@@ -379,3 +379,42 @@ def test_each_pair_of_timed_rounds_gives_every_contender_each_position_alike():
             assert two == one[::-1]
             assert {one.index(n) + two.index(n) for n in names} == {len(names) - 1}
         assert turns.shuffled(names, 1, seed) != turns.shuffled(names, 3, seed)
+
+
+# ------------------------------------------------------------- the suites of run.py
+CHECKED_BY = {  # each suite run.py names -> the test module that runs its --check
+    **dict.fromkeys(("loop", "micro", "updaters", "head", "prefetch"), "test_suites.py"),
+    **dict.fromkeys(("evaluate", "sweep", "startup", "scaling"), "test_suites.py"),
+    "gluon": "test_gluon_suite.py",
+    "buckets": "test_buckets_suite.py",
+}
+LINE_BOUND = 4000  # lines of Python under benchmarks/ (issue 36)
+
+
+def test_every_suite_of_run_py_runs_its_check_in_a_test():
+    """The contest suite by its workloads' names (loop, gluon, buckets), every other suite
+    by its own: each one's ``--check`` runs in a test of this folder."""
+    run = importlib.import_module("run")
+    assert run.ALIASES == {"loop": "symbol", "gluon": "gluon", "buckets": "buckets"}
+    assert set(run.ALIASES.values()) == set(importlib.import_module("suites.contest").WORKLOADS)
+    assert (set(run.SUITES) - {"contest"}) | set(run.ALIASES) == set(CHECKED_BY)
+    here = os.path.dirname(__file__)
+    for suite, module in CHECKED_BY.items():
+        with open(os.path.join(here, module)) as f:
+            text = f.read()
+        assert f'check("{suite}"' in text or f'"{suite}", "--check"' in text, suite
+
+
+def python_lines() -> int:
+    lines = 0
+    for folder, _, files in os.walk(BENCHMARKS):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(folder, name)) as f:
+                    lines += sum(1 for _ in f)
+    return lines
+
+
+@pytest.mark.xfail(strict=True, reason="benchmarks/ is over the bound: see CHANGELOG 0.5.0")
+def test_benchmarks_hold_at_most_4000_lines_of_python():
+    assert python_lines() <= LINE_BOUND
