@@ -2,8 +2,11 @@
 
 Suites (``benchmarks/suites/``; ``python benchmarks/run.py SUITE --help``):
 
-  loop      (the default) mxoid beside a hand-written loop, Module.fit, FeedForward and
-            Gluon, in turns, round by round; their parameters checked against the hand loop's
+  contest   mxoid beside the other ways of training a workload (--workload symbol, gluon
+            or buckets), in turns, round by round; their parameters checked against the
+            reference's. Its workloads also run by their own names:
+  loop      (the default) contest --workload symbol: mxoid beside a hand-written loop,
+            Module.fit, FeedForward and Gluon
   micro     hook dispatch, and what each everyday extension adds to a batch
   updaters  MXNet's stock updater against mxoid's FusedUpdater, per step
   head      TrainingMonitoring's metric head: MXNet's operators against the fused one
@@ -11,8 +14,11 @@ Suites (``benchmarks/suites/``; ``python benchmarks/run.py SUITE --help``):
   evaluate  Evaluate against Module.score
   sweep     host time per step against the number of parameter arrays
   startup   a short run from scratch in fresh processes: MainLoop against Module
-  gluon     mxoid training a Gluon HybridBlock beside Gluon's hand loop and Estimator
-  buckets   an LSTM over buckets: mxoid beside BucketingModule.fit and a hand loop; memory
+  gluon     contest --workload gluon: a Gluon HybridBlock, beside Gluon's hand loop and
+            Estimator
+  buckets   contest --workload buckets: an LSTM over buckets, beside BucketingModule.fit
+            and a hand loop; memory
+  scaling   weak scaling of MXNet's parameter server under ``mxoid launch``, on loopback
 
 Every suite has ``--quick``, ``--check`` (correctness only, tiny; exit status 1 when a
 check fails, speed never changes it) and ``--json PATH`` (default ``results/SUITE.json``).
@@ -24,8 +30,9 @@ import sys
 
 from harness import env
 
-SUITES = ("loop", "micro", "updaters", "head", "prefetch", "evaluate", "sweep", "startup")
-SUITES += ("gluon", "buckets")
+SUITES = ("contest", "micro", "updaters", "head", "prefetch", "evaluate", "sweep", "startup")
+SUITES += ("scaling",)
+ALIASES = {"loop": "symbol", "gluon": "gluon", "buckets": "buckets"}  # contest's workloads
 
 
 def main(argv=None) -> int:
@@ -33,7 +40,9 @@ def main(argv=None) -> int:
     if argv[:1] in (["-h"], ["--help"]):
         print(__doc__)
         return 0
-    name = argv.pop(0) if argv[:1] and argv[0] in SUITES else "loop"
+    name = argv.pop(0) if argv[:1] and argv[0] in SUITES + tuple(ALIASES) else "loop"
+    if name in ALIASES:
+        name, argv = "contest", ["--workload", ALIASES[name], *argv]
     env.apply_thread_settings()  # before MXNet is imported, by the suite
     paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     if env.ROOT not in sys.path:  # this checkout's mxoid, unless PYTHONPATH names another

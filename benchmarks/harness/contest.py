@@ -2,7 +2,8 @@
 
 A suite declares a :class:`Contest` and calls :func:`run`: a cell's contenders train in
 turns in worker processes, then each alone for its peak memory; a row per contender
-and cell, its ratios taken round by round, its parameters against the hand loop's.
+and cell, its ratios taken round by round, its parameters against the reference's (the
+hand loop's, unless the contest names another reference).
 """
 
 import itertools
@@ -25,9 +26,14 @@ class Contest:
     labels: Dict[str, str]  # contender -> its name in the tables
     describe: Callable[[tuple], str]  # cell -> its name in the tables
     cell_keys: Tuple[str, ...]  # the fields of a cell (``batch_size`` among them)
-    equal_to_hand: Tuple[str, ...] = ()  # must end with the hand loop's parameters
+    equal_to_hand: Tuple[str, ...] = ()  # must end with the reference's parameters
     tolerance: Optional[Callable[[str, tuple], Tuple[float, float]]] = None  # RTOL, ATOL
     versus: Optional[str] = None  # the contender of the 'x Module' column
+    reference: str = "hand"  # the contender every other one is compared with
+    key: str = "hand"  # the rows' name for it: ratio_to_KEY, equal_to_KEY, max_abs_diff_to_KEY
+    versus_key: str = "module_fit"  # the rows' name for ``versus``: ratio_to_VERSUS_KEY
+    headers: Tuple[str, str] = ("x hand", "x Module")  # the table's columns of the two ratios
+    reference_text: str = "the hand loop"  # the reference in failure messages
 
 
 def add_options(parser, contenders: Sequence[str], cells: str, extra=()) -> None:
@@ -93,7 +99,7 @@ def analyse(jobs: List[Job], contenders: Sequence[str], contest: Contest) -> Lis
                 groups.setdefault(job.contender, []).append(job)
         done = [name for name, group in groups.items() if all(j.result for j in group)]
         medians = {name: float(np.median(_rates(groups[name]))) for name in done}
-        hand = groups.get("hand", [])
+        hand = groups.get(contest.reference, [])
         hand_params = _params(hand[0]) if hand and hand[0].result else None
         for name in contenders:
             if name in groups:
@@ -113,7 +119,7 @@ def _row(name, cell, group, medians, hand_params, contest: Contest) -> dict:
     if row["errors"]:
         return row
     rates, median = _rates(group), medians[name]
-    hand, versus = medians.get("hand"), medians.get(contest.versus)
+    hand, versus, key = medians.get(contest.reference), medians.get(contest.versus), contest.key
     interleaved = all(j.result.get("interleaved") for j in group)
 
     def per_batch(clock: str) -> float:
@@ -127,23 +133,23 @@ def _row(name, cell, group, medians, hand_params, contest: Contest) -> dict:
     row["epoch_host_seconds"] = [list(timed_epochs(j.result, "host")) for j in group]
     row.update(cpu_us_per_batch=per_batch("cpu"), host_us_per_batch=per_batch("host"))
     row["warmup_seconds"] = [_warmup(j.result) for j in group]
-    row["ratio_to_hand"] = median / hand if hand else None
-    row["ratio_to_module_fit"] = median / versus if versus else None
+    row[f"ratio_to_{key}"] = median / hand if hand else None
+    row[f"ratio_to_{contest.versus_key}"] = median / versus if versus else None
     row["overhead_us_per_batch"] = 1e6 * batch * (1 / median - 1 / hand) if hand else None
     row.update(peak_rss_mib=None, peak_over_start_mib=None, other_load_cores=None)
     row["attempts"] = sum(len(j.attempts) for j in group)
     row["notes"] = sorted({n for j in group for n in j.result["notes"]})
     row["finite"] = all(j.result["finite"] for j in group)
-    row["expected_equal_to_hand"] = name in contest.equal_to_hand
+    row[f"expected_equal_to_{key}"] = name in contest.equal_to_hand
     if not interleaved:
         kib = [(j.result["peak_rss_kib"], j.result["rss_before_training_kib"]) for j in group]
         row["peak_rss_mib"] = max(peak for peak, _ in kib) / 1024
         row["peak_over_start_mib"] = max(peak - before for peak, before in kib) / 1024
     if all(j.foreign_load is not None for j in group):
         row["other_load_cores"] = max(j.foreign_load for j in group)
-    if hand_params is not None and name != "hand":
+    if hand_params is not None and name != contest.reference:
         tolerance = contest.tolerance(name, cell) if contest.tolerance else (RTOL, ATOL)
-        row.update(_compare(group, hand_params, *tolerance))
+        row.update(_compare(group, hand_params, *tolerance, key))
     return row
 
 
@@ -153,8 +159,8 @@ def _warmup(result: dict) -> float:
     return float(np.diff(result["epoch_stamps"])[0])
 
 
-def _compare(group: Sequence[Job], hand: Dict[str, np.ndarray], rtol: float, atol: float):
-    """The largest difference of the group's parameters to the hand loop's; all close?"""
+def _compare(group: Sequence[Job], hand: Dict[str, np.ndarray], rtol: float, atol: float, key):
+    """The largest difference of the group's parameters to the reference's; all close?"""
     diffs, equal = [], True
     for job in group:
         params = _params(job)
@@ -164,7 +170,12 @@ def _compare(group: Sequence[Job], hand: Dict[str, np.ndarray], rtol: float, ato
             continue
         diffs.append(max(float(np.abs(params[k] - hand[k]).max()) for k in hand))
         equal = equal and all(np.allclose(params[k], hand[k], rtol=rtol, atol=atol) for k in hand)
-    return {"rtol": rtol, "atol": atol, "max_abs_diff_to_hand": max(diffs), "equal_to_hand": equal}
+    return {
+        "rtol": rtol,
+        "atol": atol,
+        f"max_abs_diff_to_{key}": max(diffs),
+        f"equal_to_{key}": equal,
+    }
 
 
 def throughput_ratio(row: dict, other: dict) -> Tuple[float, Optional[Tuple[float, float]]]:
@@ -178,37 +189,37 @@ def throughput_ratio(row: dict, other: dict) -> Tuple[float, Optional[Tuple[floa
 
 
 def pair_ratios(rows: List[dict], contest: Contest) -> None:
-    """Give the rows of contenders in turns their round-by-round ratios to the hand loop
-    and ``versus`` (and the overhead per batch that the ratio to the hand loop means)."""
+    """Give the rows of contenders in turns their round-by-round ratios to the reference
+    and ``versus`` (and the overhead per batch that the ratio to the reference means)."""
     index = {(r["contender"],) + cell_of(r, contest.cell_keys): r for r in rows}
     index = {key: r for key, r in index.items() if "samples_per_second" in r}
     for (_, *cell), row in index.items():
-        hand, versus = index.get(("hand", *cell)), index.get((contest.versus, *cell))
+        hand, versus = index.get((contest.reference, *cell)), index.get((contest.versus, *cell))
         if not row.get("interleaved"):
             continue
         if hand is not None and hand.get("interleaved"):
-            row["ratio_to_hand"] = ratio = throughput_ratio(row, hand)[0]
+            row[f"ratio_to_{contest.key}"] = ratio = throughput_ratio(row, hand)[0]
             hand_batch = row["batch_size"] / hand["samples_per_second"]["median"]
             row["overhead_us_per_batch"] = 1e6 * hand_batch * (1 / ratio - 1)
         if versus is not None and versus.get("interleaved"):
-            row["ratio_to_module_fit"] = throughput_ratio(row, versus)[0]
+            row[f"ratio_to_{contest.versus_key}"] = throughput_ratio(row, versus)[0]
 
 
 def correctness(rows: List[dict], contest: Contest) -> dict:
-    """Failures: a worker failed, non-finite parameters, or not the hand loop's where due."""
-    failures = []
+    """Failures: a worker failed, non-finite parameters, or not the reference's where due."""
+    failures, key, reference = [], contest.key, contest.reference_text
     for row in rows:
         where = f"{row['contender']} in {contest.describe(cell_of(row, contest.cell_keys))}"
         if row["errors"]:
             failures.append(f"{where}: {row['errors'][0].splitlines()[0]}")
         elif not row["finite"]:
             failures.append(f"{where}: non-finite parameters")
-        elif row["expected_equal_to_hand"] and "equal_to_hand" not in row:
-            failures.append(f"{where}: no hand-loop result to compare with")
-        elif row["expected_equal_to_hand"] and not row["equal_to_hand"]:
-            within = f"max |diff| {row['max_abs_diff_to_hand']:.3g}, rtol {row['rtol']}"
+        elif row[f"expected_equal_to_{key}"] and f"equal_to_{key}" not in row:
+            failures.append(f"{where}: no result of {reference} to compare with")
+        elif row[f"expected_equal_to_{key}"] and not row[f"equal_to_{key}"]:
+            within = f"max |diff| {row[f'max_abs_diff_to_{key}']:.3g}, rtol {row['rtol']}"
             failures.append(
-                f"{where}: parameters differ from the hand loop's ({within}, atol {row['atol']})"
+                f"{where}: parameters differ from {reference}'s ({within}, atol {row['atol']})"
             )
     return {"ok": not failures, "failures": failures}
 
@@ -273,7 +284,7 @@ def run(contest: Contest, plan: dict, launcher, root: str, quiet=False, worker_t
 
 def table(rows: List[dict], contest: Contest) -> str:
     """The rows as one Markdown table, a line per cell on its design above it."""
-    lines, header = [], ["cell", "contender", "samples/s", "min-max", "x hand", "x Module"]
+    lines, header = [], ["cell", "contender", "samples/s", "min-max", *contest.headers]
     header += ["us/batch", "CPU us/b", "host us/b", "peak MiB", "+MiB", "params", "load"]
     body = []
     for row in rows:
@@ -287,17 +298,18 @@ def table(rows: List[dict], contest: Contest) -> str:
         body.append(
             [cell, row["label"], f"{sps['median']:,.0f}", "{min:,.0f}-{max:,.0f}".format(**sps)]
         )
-        body[-1] += [_number(row.get(k), f) for k, f in _COLUMNS] + [_params_cell(row)]
+        columns = (f"ratio_to_{contest.key}", f"ratio_to_{contest.versus_key}") + _COLUMNS
+        body[-1] += [_number(row.get(k), f) for k, f in zip(columns, _FORMATS)]
+        body[-1].append(_params_cell(row, contest))
         body[-1].append(_number(row.get("other_load_cores"), ".2f"))
     notes = [f"note: {n}" for n in sorted({n for row in rows for n in row.get("notes", ())})]
     return "\n".join(lines + ["", markdown_table(header, body, "llrrrrrrrrrlr")] + notes)
 
 
-_COLUMNS = (  # row key, format
-    *(("ratio_to_hand", ".2f"), ("ratio_to_module_fit", ".2f"), ("overhead_us_per_batch", "+.0f")),
-    *(("cpu_us_per_batch", ",.0f"), ("host_us_per_batch", ",.0f"), ("peak_rss_mib", ".0f")),
-    ("peak_over_start_mib", ".0f"),
-)
+# the row keys of the columns after the two ratios, and the formats of all of them
+_COLUMNS = ("overhead_us_per_batch", "cpu_us_per_batch", "host_us_per_batch", "peak_rss_mib")
+_COLUMNS += ("peak_over_start_mib",)
+_FORMATS = (".2f", ".2f", "+.0f", ",.0f", ",.0f", ".0f", ".0f")
 
 
 def _number(value, fmt: str) -> str:
@@ -313,15 +325,16 @@ def _design(cell: str, row: dict) -> str:
     return f"{cell}: {batches}, {design}"
 
 
-def _params_cell(row: dict) -> str:
-    """``ref`` (the hand loop), ``equal``, ``DIFF`` (a failure), ``NONFIN``, or the
+def _params_cell(row: dict, contest: Contest) -> str:
+    """``ref`` (the reference), ``equal``, ``DIFF`` (a failure), ``NONFIN``, or the
     largest difference of a contender not expected to match (Gluon's other loss)."""
-    if row["contender"] == "hand":
+    key = contest.key
+    if row["contender"] == contest.reference:
         return "ref"
     if not row["finite"]:
         return "NONFIN"
-    if "equal_to_hand" not in row:
+    if f"equal_to_{key}" not in row:
         return "?"
-    if row["equal_to_hand"]:
+    if row[f"equal_to_{key}"]:
         return "equal"
-    return "DIFF" if row["expected_equal_to_hand"] else f"{row['max_abs_diff_to_hand']:.0e}"
+    return "DIFF" if row[f"expected_equal_to_{key}"] else f"{row[f'max_abs_diff_to_{key}']:.0e}"

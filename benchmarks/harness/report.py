@@ -108,7 +108,9 @@ class Run:
         check); print the failures; return the exit status: 1 when a check failed."""
         correctness = {"checked": True, "ok": not failures, "failures": failures}
         correctness.update(fields.pop("correctness", {}))
-        self.write({"settings": settings, "results": results, **fields, "correctness": correctness})
+        own_load = fields.pop("own_load", True)  # False: the suite's workers would count
+        fields.update(settings=settings, results=results, correctness=correctness)
+        self.write(fields, own_load=own_load)
         print("Correctness: " + ("FAILED" if failures else "ok"))
         for failure in failures:
             print(f"  - {failure}")

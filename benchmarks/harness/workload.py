@@ -136,14 +136,15 @@ def clock_extension(clock: EpochClock):
     return EpochClockExtension(name="benchmark_clock", priority=float("inf"))
 
 
-def everyday_extensions(workdir: str):
+def everyday_extensions(workdir: str, monitored=None):
     """``{name: make(tag='')}`` of the everyday extensions mxoid has, configured as a user
-    would (ProgressBar forced on and drawn into /dev/null); and notes on missing ones."""
+    would (TrainingMonitoring of ``monitored``, ``['acc', 'ce']`` unless given; ProgressBar
+    forced on and drawn into /dev/null); and notes on missing ones."""
     import mxoid.extensions as package
 
     def make(name: str, cls: type, tag: str = ""):
         if name == "TrainingMonitoring":
-            return cls(["acc", "ce"])
+            return cls(["acc", "ce"] if monitored is None else monitored)
         if name == "ProgressBar":
             return cls(disable=False, file=open(os.devnull, "w"))
         return cls(os.path.join(workdir, f"log{tag}.jsonl")) if name == "JSONLinesLog" else cls()
@@ -151,6 +152,17 @@ def everyday_extensions(workdir: str):
     found = {n: getattr(package, n) for n in EVERYDAY_NAMES if hasattr(package, n)}
     notes = [f"{n} missing: not in mxoid.extensions" for n in EVERYDAY_NAMES if n not in found]
     return {name: functools.partial(make, name, cls) for name, cls in found.items()}, notes
+
+
+def everyday(spec: dict, monitored=None) -> list:
+    """The everyday extensions of a contender (:func:`everyday_extensions`, in its folder),
+    made; their names (and those missing) noted in ``spec['notes']``."""
+    factories, notes = everyday_extensions(spec["workdir"], monitored)
+    names = [
+        f"{n}({monitored})" if monitored and n == "TrainingMonitoring" else n for n in factories
+    ]
+    spec["notes"] += notes + ["extensions: " + ", ".join(names)]
+    return [make() for make in factories.values()]
 
 
 def rss_kib() -> int:

@@ -21,8 +21,8 @@ from harness import report, stats, turns, workload
 from mxoid import Extension
 from mxoid.log import TrainingLog, TrainingStatus
 from suites.internals import HookDispatcher
-from suites.loop import micro_table
-from suites.loop_contenders import main_loop
+from suites.workloads.symbol import micro_table
+from suites.workloads.symbol_contenders import main_loop
 
 # fires and repeats of each dispatch measurement; samples an epoch (batch 32); rounds;
 # cells: (contexts, the variants measured there; None: all)

@@ -15,16 +15,22 @@ Bytes per step are counted from the arrays: each worker pushes and pulls
 every parameter once; ps-lite puts an array of fewer than
 ``MXNET_KVSTORE_BIGARRAY_BOUND`` (1e6) elements whole on server
 ``(key * 9973) % servers`` and splits bigger ones evenly over all servers
-(``src/kvstore/kvstore_dist.h``, ``EncodeDefaultKey``). Stand-alone::
+(``src/kvstore/kvstore_dist.h``, ``EncodeDefaultKey``)::
 
-    python benchmarks/suites/scaling.py --check          # 1 and 2 workers, MLP, a few steps
-    python benchmarks/suites/scaling.py --out scaling.json
-    python benchmarks/suites/scaling.py --models messages --workers 1 2 --servers 1
+    python benchmarks/run.py scaling --check     # 1 and 2 workers, MLP, a few steps
+    python benchmarks/run.py scaling --quick     # MLP, 1 and 2 workers, 1 and 2 servers
+    python benchmarks/run.py scaling             # results/scaling.json (about 3 minutes)
+    python benchmarks/run.py scaling --models messages --workers 1 2 --servers 1
+    python benchmarks/run.py scaling --project   # the projection to 8-64 hosts
 
 ('messages' is a network of 66 arrays of at most 10 floats: its push/pull time over
-132 messages per step is ps-lite's cost per message.)
+132 messages per step is ps-lite's cost per message.) ``python
+benchmarks/suites/scaling.py`` with the same options (``--out PATH`` for ``--json``)
+still runs it alone, as docs/scaling.md shows.
 
-Results: a Markdown table on stdout (docs/scaling.md reads it), JSON with ``--out``.
+Results: a Markdown table on stdout (docs/scaling.md reads it), the JSON report of
+every suite (:class:`harness.report.Run`; ``results/scaling.json``, ``-quick``,
+``-check``). ``--check`` fails (exit status 1) on a failed job or implausible numbers.
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+if __name__ == "__main__":  # run alone: the harness beside it, as run.py has it
+    sys.path.insert(1, str(ROOT / "benchmarks"))
+from harness import env, report  # noqa: E402 (after the path of a script run alone)
+
 BIGARRAY_BOUND = int(os.environ.get("MXNET_KVSTORE_BIGARRAY_BOUND", "1000000"))
 PARTS = ("compute", "barrier", "pushpull")
 
@@ -202,7 +212,7 @@ def run_cell(model, workers, servers, args, folder):
     with open(out / "launch.log", "wb") as log:
         status = launch(command, workers, servers, timeout=600, stdout=log, stderr=log)
     if status != 0:
-        raise SystemExit(
+        raise RuntimeError(
             f"{model} {workers}w {servers}s failed:\n{(out / 'launch.log').read_text()}"
         )
     ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(workers)]
@@ -243,75 +253,74 @@ def table(cells):
     return "\n".join(lines)
 
 
+# (models, workers, servers, timed steps, warm-up steps) of each mode
+MODES = {
+    "full": (["mlp", "lenet"], [1, 2, 4], [1, 2], 30, 5),
+    "quick": (["mlp"], [1, 2], [1, 2], 10, 2),
+    "check": (["mlp"], [1, 2], [1], 4, 1),
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = report.parser(__doc__, "scaling")
+    add = parser.add_argument
+    add("--models", nargs="+", help="of mlp, lenet, messages (the mode's: mlp, and lenet)")
+    add("--workers", nargs="+", type=int, help="numbers of workers (the mode's: 1 2 4)")
+    add("--servers", nargs="+", type=int, help="numbers of servers (the mode's: 1 2)")
+    add("--batch", type=int, default=64, help="per worker (default 64)")
+    add("--steps", type=int, help="timed steps (the mode's: 30)")
+    add("--warmup", type=int, help="steps before them (the mode's: 5)")
+    add("--out", dest="json", help=argparse.SUPPRESS)  # --json's name when run alone
+    add("--project", action="store_true", help="print the projection to 8-64 hosts instead")
+    add("--bound", type=float, default=1e5, help="the bound to project beside 1e6")
+    add("--key-seconds", type=float, default=0.7e-3, help=KEY_SECONDS_HELP)
+    add("--bytes-per-second", type=float, default=0.29e9, help=BYTES_PER_SECOND_HELP)
+    return parser
+
+
+KEY_SECONDS_HELP = "a server's time per array part per step (default: 'messages' 1w1s, here)"
+BYTES_PER_SECOND_HELP = "a server's bytes pushed (and pulled back) per second (default: mlp 1w1s)"
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="a quick run: does it work?")
-    parser.add_argument("--models", nargs="+", default=["mlp", "lenet"])
-    parser.add_argument("--workers", nargs="+", type=int, default=[1, 2, 4])
-    parser.add_argument("--servers", nargs="+", type=int, default=[1, 2])
-    parser.add_argument("--batch", type=int, default=64, help="per worker (default 64)")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--out", help="a JSON file for the results; with --worker, a folder")
-    parser.add_argument(
-        "--project", action="store_true", help="print the projection to 8-64 hosts instead"
-    )
-    parser.add_argument("--bound", type=float, default=1e5, help="the bound to project beside 1e6")
-    parser.add_argument(
-        "--key-seconds",
-        type=float,
-        default=0.7e-3,
-        help="a server's time per array part per step (default: 'messages' 1w1s, measured here)",
-    )
-    parser.add_argument(
-        "--bytes-per-second",
-        type=float,
-        default=0.29e9,
-        help="a server's bytes pushed (and pulled back) per second (default: mlp 1w1s, here)",
-    )
-    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.worker:
-        worker(args)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--worker"]:  # one worker of a job (run_cell)
+        worker_parser = argparse.ArgumentParser()
+        for name in ("--model", "--out"):
+            worker_parser.add_argument(name)
+        for name in ("--batch", "--steps", "--warmup"):
+            worker_parser.add_argument(name, type=int)
+        worker(worker_parser.parse_args(argv[1:]))
         return 0
+    args = _parser().parse_args(argv)
+    run = report.Run("scaling", args, argv)
+    models, workers, servers, steps, warmup = MODES[run.mode]
+    args.models, args.workers = args.models or models, args.workers or workers
+    args.servers, args.steps = args.servers or servers, args.steps or steps
+    args.warmup = warmup if args.warmup is None else args.warmup
     if args.project:
         args.models = [m for m in args.models if m != "messages"] + ["resnet50"]
         print(project(args))
         return 0
-    if args.check:
-        args.models, args.workers, args.servers, args.steps, args.warmup = (
-            ["mlp"],
-            [1, 2],
-            [1],
-            4,
-            1,
-        )
-    for name, value in (("OMP_NUM_THREADS", "1"), ("MXNET_CPU_WORKER_NTHREADS", "1")):
-        os.environ.setdefault(name, value)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-    )
-    cells = []
-    started = time.monotonic()
+    os.environ.update(env.worker_env(str(ROOT)))  # the thread settings; this mxoid first
+    cells, failures = [], []
     with tempfile.TemporaryDirectory() as folder:
         for model in args.models:
-            for servers in args.servers:
-                for workers in args.workers:
-                    cells.append(run_cell(model, workers, servers, args, folder))
-                    print(f"# {model} {workers}w {servers}s done", file=sys.stderr, flush=True)
+            for count in args.servers:
+                for workers_ in args.workers:
+                    try:
+                        cells.append(run_cell(model, workers_, count, args, folder))
+                    except RuntimeError as error:
+                        failures.append(str(error))
+                    print(f"# {model} {workers_}w {count}s done", file=sys.stderr, flush=True)
     print(table(cells))
-    print(
-        f"\n{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}, "
-        f"{time.monotonic() - started:.0f} s, batch {args.batch} per worker"
-    )
-    if args.out:
-        Path(args.out).write_text(json.dumps(cells, indent=1))
-    if args.check:
-        bad = [c for c in cells if not (c["step"] > 0 and c["bytes_per_worker"] > 0)]
-        if bad:
-            raise SystemExit(f"implausible results: {bad}")
-    return 0
+    print(f"\n{os.cpu_count()} CPUs, {run.mode} run, batch {args.batch} per worker")
+    bad = [c for c in cells if not (c["step"] > 0 and c["bytes_per_worker"] > 0)]
+    failures += [f"implausible results: {c}" for c in bad]
+    settings = dict(models=args.models, workers=args.workers, servers=args.servers)
+    settings.update(batch=args.batch, steps=args.steps, warmup=args.warmup)
+    settings["bigarray_bound"] = BIGARRAY_BOUND
+    return run.finish(failures, settings, cells, own_load=False)  # its workers would count
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import mxnet as mx
 import numpy as np
 from harness import report, turns, workload
 
-from suites.loop_contenders import OPTIMIZERS, hand_loop, mxoid_loop
+from suites.workloads.symbol_contenders import OPTIMIZERS, hand_loop, mxoid_loop
 
 WIDTH, BATCH = 16, 32
 RESNET, RESNET_BATCH, RESNET_SIDE = "resnet56", 8, 8

@@ -16,7 +16,8 @@ BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file
 RUN = os.path.join(BENCHMARKS, "run.py")
 sys.path.insert(0, BENCHMARKS)
 contest = importlib.import_module("harness.contest")
-loop = importlib.import_module("suites.loop")
+loop = importlib.import_module("suites.workloads.symbol")  # the symbol workload
+targets = importlib.import_module("harness.targets")
 
 
 def run_suite(*arguments, timeout=600):
@@ -119,7 +120,7 @@ def test_targets_of_every_optimizer_cell(report):
                 if "<=" in target
                 else entry["measured"] >= entry["limit"]
             )
-    assert loop.format_measured(found[target]).split(" (90%")[0].endswith("x")
+    assert targets.format_measured(found[target]).split(" (90%")[0].endswith("x")
 
 
 def test_targets_on_throughput_ratios_report_their_interval(report):
@@ -130,7 +131,7 @@ def test_targets_on_throughput_ratios_report_their_interval(report):
     for entry in ratios:
         low, high = entry["interval"]
         assert low <= high and entry["within_noise"] == (low <= entry["limit"] <= high)
-        assert "(90%: " in loop.format_measured(entry)
+        assert "(90%: " in targets.format_measured(entry)
 
 
 def test_targets_against_module_fit_carry_the_hand_loops_own_ratio(report):
@@ -185,7 +186,7 @@ def test_each_everyday_extension_is_held_to_10_us_per_batch_with_its_interval(re
         assert target["measured"] == entry["us_per_batch"]
         assert target["met"] == (entry["us_per_batch"] <= 10.0)
         assert target["within_noise"] == (low <= 10.0 <= high)
-        assert loop.format_measured(target) == (
+        assert targets.format_measured(target) == (
             f"{target['measured']:.2f} us (90%: {low:.1f} to {high:.1f} us)"
         )
 
@@ -274,3 +275,15 @@ def test_startup_check_every_contender_from_scratch_trains_as_module_fit(tmp_pat
         "MainLoop(...) + one epoch, everyday extensions, mlp 1 ctx: <= Module's",
     ]
     assert "| mlp   |   1 | mxoid, first run |" in stdout
+
+
+def test_scaling_check_launches_one_and_two_workers_on_loopback(tmp_path):
+    """``mxoid launch`` of 1 and 2 workers and a server: every step timed in its three
+    parts, and the bytes each worker pushes and pulls counted from its arrays."""
+    data, stdout = check("scaling", tmp_path)
+    cells = {(c["model"], c["workers"], c["servers"]) for c in data["results"]}
+    assert cells == {("mlp", 1, 1), ("mlp", 2, 1)}
+    for cell in data["results"]:
+        assert cell["step"] > 0 and min(cell["compute"], cell["pushpull"]) > 0
+        assert cell["bytes_per_worker"] == 2 * 4 * cell["params"]
+    assert "| model | workers | servers | step ms |" in stdout

@@ -1,26 +1,24 @@
-"""The loop suite: mxoid against a hand-written loop, Module.fit, FeedForward and Gluon.
+"""The symbol workload (``run.py loop``): mxoid against a hand loop, Module.fit, FeedForward, Gluon.
 
-The contenders (:mod:`suites.loop_contenders`) train on the same data from the same
-parameters with the same optimizer math, a cell's in turns in one worker process
-(:mod:`harness.contest`), then each alone for its peak memory; those computing what the
-hand loop computes must end with its parameters. The micro suite runs after, and issue
-13's targets are checked. Exit status 1: a worker failed, non-finite parameters, or
-not the hand loop's where due; speed never changes it.
+The contenders (:mod:`suites.workloads.symbol_contenders`) train on the same data from
+the same parameters with the same optimizer math, a cell's in turns in one worker
+process (:mod:`harness.contest`), then each alone for its peak memory; those computing
+what the hand loop computes must end with its parameters. The micro suite runs after,
+and issue 13's targets are checked. Exit status 1: a worker failed, non-finite
+parameters, or not the hand loop's where due; speed never changes it.
 """
 
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
-import tempfile
-import time
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 from harness import contest, env, report
-from harness.processes import Launcher
 from harness.stats import paired_time_ratio
+from harness.targets import target as _target
+
+NAME = "loop"  # the results' name (results/loop.json) and run.py's alias
 
 ALL_CONTENDERS = tuple(
     "hand hand_stock_updater module_fit_acc module_fit_nometric feedforward gluon mxoid_bare "
@@ -92,8 +90,6 @@ STOCK_SGD = ("hand_stock_updater", "module_fit_acc", "module_fit_nometric", "fee
 STOCK_SGD_RTOL, STOCK_SGD_ATOL = 1e-3, 1e-4
 EXTENSION_US_PER_BATCH = 10.0  # the most an everyday extension may add (micro suite)
 QUEUED_INPUT_MIB = 64  # mxoid.pacing.QUEUED_INPUT_BUDGET in MiB (the parent imports no mxoid)
-TARGETS_TEXT = "ratios of throughputs with a 90% bootstrap interval over the processes and their "
-TARGETS_TEXT += "rounds; 'missed within noise' when the limit is inside it"
 
 
 def tolerance(contender: str, cell: tuple) -> Tuple[float, float]:
@@ -110,7 +106,7 @@ def describe_cell(cell: tuple) -> str:
 
 
 CELL_KEYS = ("model", "batch_size", "contexts", "optimizer")
-CONTEST = contest.Contest("suites.loop_contenders", LABELS, describe_cell, CELL_KEYS)
+CONTEST = contest.Contest("suites.workloads.symbol_contenders", LABELS, describe_cell, CELL_KEYS)
 CONTEST.equal_to_hand, CONTEST.tolerance = EQUAL_TO_HAND, tolerance
 CONTEST.versus = "module_fit_acc"  # the 'x Module' column
 
@@ -132,19 +128,6 @@ def targets(rows: List[dict], micro: Optional[dict]) -> List[dict]:
         if contender in ("mxoid_bare", "mxoid_everyday"):
             found += _loop_targets(contender, tuple(cell), row, index)
     return found + _micro_targets(micro or {})
-
-
-def _target(target: str, measured: float, limit: float, unit: str, at_most=False, versus=None):
-    """A target's entry; ``versus``: the two rows of a ratio of throughputs."""
-    interval = None
-    if versus is not None:  # a ratio of throughputs: how sure the verdict is
-        measured, interval = contest.throughput_ratio(*versus)
-    met = measured <= limit if at_most else measured >= limit
-    entry = {"target": target, "measured": measured, "limit": limit, "met": met, "unit": unit}
-    if interval is not None:
-        entry["interval"] = interval
-        entry["within_noise"] = interval[0] <= limit <= interval[1]
-    return entry
 
 
 def _loop_targets(contender: str, cell: tuple, row: dict, index: dict) -> List[dict]:
@@ -204,34 +187,6 @@ def _micro_targets(micro: dict) -> List[dict]:
     return found
 
 
-VERDICT_CELLS = {"met": "yes", "MISSED": "**no**", "missed within noise": "no, within noise"}
-VERDICT_CELLS["missed by the floor too"] = "no, nor by the hand loop"
-
-
-def verdict(entry: dict) -> str:
-    """``met``, ``MISSED``, ``missed within noise`` (the limit inside the ratio's interval),
-    or ``missed by the floor too`` (the hand loop, doing the least work, misses it)."""
-    if entry["met"]:
-        return "met"
-    if entry.get("floor") is not None and entry["floor"] < entry["limit"]:
-        return "missed by the floor too"
-    return "missed within noise" if entry.get("within_noise") else "MISSED"
-
-
-def format_measured(entry: dict) -> str:
-    """A target's measured value in its unit, with its interval and the floor's ratio."""
-    unit, value = entry["unit"], entry["measured"]
-    text = {"MiB": f"{value:.0f} MiB", "us": f"{value:.2f} us", "x": f"{value:.2f}x"}
-    text = text.get(unit, f"{value:.1%}")
-    if "interval" in entry:
-        low, high = entry["interval"]
-        interval = {"%": f"{low:.0%}-{high:.0%}", "us": f"{low:.1f} to {high:.1f} us"}
-        text += f" (90%: {interval.get(unit, f'{low:.2f}-{high:.2f}x')})"
-    if entry.get("floor") is not None:
-        text += f"; the hand loop: {entry['floor']:.2f}x"
-    return text
-
-
 # -------------------------------------------------------------------- output
 MICRO_DISPATCH = (
     ("micro: dispatch to", "{extensions} {style}"),
@@ -258,30 +213,6 @@ def micro_table(micro: dict) -> str:
     return "\n\n".join([""] + tables + [f"note: {note}" for note in micro.get("notes", ())])
 
 
-def targets_table(found: List[dict]) -> str:
-    rows = [[e["target"], format_measured(e), VERDICT_CELLS[verdict(e)]] for e in found]
-    table = report.markdown_table(["target", "measured", "met"], rows, "lrl")
-    return f"\nTargets ({TARGETS_TEXT})\n\n{table}"
-
-
-def markdown(data: dict) -> str:
-    """A report as Markdown: the run, one table of every cell, micro, targets."""
-    machine, mxnet = data["machine"], data.get("mxnet") or "1.9.1"
-    changes = " with uncommitted changes" if machine["mxoid_uncommitted_changes"] else ""
-    lines = [
-        f"Run of {data['date']}: `python {data['command']}` ({data['seconds'] / 60:.0f} min), "
-        f"{machine['nproc']} CPUs ({machine['cpu']}), Python {machine['python']}, MXNet "
-        f"{mxnet}, mxoid {machine['mxoid_commit']}{changes}.\n",
-        contest.table(data["results"], CONTEST),
-    ]
-    if (data.get("micro") or {}).get("per_batch"):
-        lines.append(micro_table(data["micro"]))
-    if data.get("targets"):
-        lines.append(targets_table(data["targets"]))
-    return "\n".join(lines) + "\n"
-
-
-# ---------------------------------------------------------------------- main
 def run_micro(arguments: List[str], environment: dict, root: str) -> Optional[dict]:
     """The micro suite in a process of its own; its report, None if it failed."""
     path = os.path.join(root, "micro.json")
@@ -295,91 +226,37 @@ def run_micro(arguments: List[str], environment: dict, root: str) -> Optional[di
         return json.load(f)
 
 
-def _parser():
-    parser = report.parser(__doc__, "loop")
-    cells = "model-batch-contexts[-sgd|-adam], e.g. mlp-32-1,lenet-128-2,mlp-32-2-adam"
-    extra = [("--no-micro", "skip the micro suite")]
-    contest.add_options(parser, ALL_CONTENDERS + EXTRA_CONTENDERS, cells, extra)
-    return parser
+# ------------------------------------------------------------ the contest suite's hooks
+CELLS_HELP = "model-batch-contexts[-sgd|-adam], e.g. mlp-32-1,lenet-128-2,mlp-32-2-adam"
+OPTIONS = [("--no-micro", "skip the micro suite")]
+STOCK_SGD_FIELDS = {"contenders": list(STOCK_SGD), "rtol": STOCK_SGD_RTOL, "atol": STOCK_SGD_ATOL}
+CHECK_FIELDS = {"stock_sgd": STOCK_SGD_FIELDS}  # the correctness check's tolerances there
+VERDICT = "every contender finite; every contender that computes the same thing as the hand"
+VERDICT += f" loop ends with its parameters (rtol {RTOL}, atol {ATOL}; MXNet's stock updater"
+VERDICT += f" with plain SGD: rtol {STOCK_SGD_RTOL}, atol {STOCK_SGD_ATOL})"
 
 
-def _configure(parser, args) -> dict:
-    """The run's plan (see :func:`harness.contest.run`)."""
-    mode = "check" if args.check else "quick" if args.quick else "full"
-    config = {k: v for k, v in MODES[mode].items() if k != "micro"}
-    config.update(cells=CELLS[mode], memory_epochs=config.pop("memory"))
-    skip = "hand_stock_updater" if mode == "quick" else None  # --quick leaves it out
-    config["contenders"] = [c for c in ALL_CONTENDERS if c != skip]
-    if args.contenders:
-        config["contenders"] = args.contenders.split(",")
-        unknown = sorted(set(config["contenders"]) - set(ALL_CONTENDERS + EXTRA_CONTENDERS))
-        if unknown:
-            parser.error(f"unknown contenders {unknown}")
-        if "hand" not in config["contenders"]:
-            config["contenders"].insert(0, "hand")  # the reference for ratios and parameters
-    try:
-        config["cells"] = parse_cells(args.cells) if args.cells else config["cells"]
-    except ValueError as error:
-        parser.error(str(error))
-    samples = SAMPLES[mode]
-    config["samples"] = {
-        cell: samples["adam"][cell[1]] if cell[3] == "adam" else samples[cell[0]]
-        for cell in config["cells"]
-    }
-    return contest.apply_options(config, args)
+def samples(mode: str, cell: tuple) -> int:
+    """Samples an epoch of a cell (:data:`SAMPLES`)."""
+    by_model = SAMPLES[mode]
+    return by_model["adam"][cell[1]] if cell[3] == "adam" else by_model[cell[0]]
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if report.print_report(args, markdown):
-        return 0
-    run, plan = report.Run("loop", args, argv), _configure(parser, args)
-    mxoid_root = report.mxoid_root(parser, args)
-    environment, machine = env.worker_env(mxoid_root), env.machine_info(mxoid_root)
-    changes = " + uncommitted changes" if machine["mxoid_uncommitted_changes"] else ""
-    where = f"{machine['nproc']} CPUs ({machine['cpu']}), Python {machine['python']}"
-    print(f"loop suite, {run.mode}: {where}, mxoid {machine['mxoid_commit']}{changes}", flush=True)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # KeyboardInterrupt: clean up
-    root = tempfile.mkdtemp(prefix="mxoid-bench-")
-    try:
-        launcher, timeout = Launcher(environment), args.worker_timeout
-        rows, check, processes = contest.run(CONTEST, plan, launcher, root, args.quiet, timeout)
-        micro = None if args.no_micro else run_micro(MODES[run.mode]["micro"], environment, root)
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    found = targets(rows, micro) if run.mode != "check" else []
-    stock_sgd = {"contenders": list(STOCK_SGD), "rtol": STOCK_SGD_RTOL, "atol": STOCK_SGD_ATOL}
-    check.update(rtol=RTOL, atol=ATOL, stock_sgd=stock_sgd)
-    check["equal_to_hand_expected_for"] = list(EQUAL_TO_HAND)
-    _print(rows, check, micro, found, run.mode)
-    print(f"\n{processes} worker processes in {time.perf_counter() - run.started:.0f} s")
-    settings = {**plan, "samples": SAMPLES[run.mode], "design": "interleaved", "warmup_epochs": 1}
-    settings.update(timed_epochs=plan["timed"], memory_pass=bool(plan["memory_epochs"]))
-    kept = [k for k in environment if k in env.WORKER_ENV or k.startswith(("MXNET_", "OMP_"))]
-    fields = {"worker_env": {k: environment[k] for k in kept}, "settings": settings}
-    fields.update(results=rows, correctness=check, targets=found, micro=micro)
-    data = run.write(fields, mxoid_root, own_load=False)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown(data))
-        print(f"Markdown written to {args.markdown}")
-    return 0 if check["ok"] else 1
+def contenders(names, mode: str, mxoid_root: str, named) -> tuple:
+    """``--quick`` leaves the stock updater's hand loop out, unless named."""
+    return [c for c in names if named or mode != "quick" or c != "hand_stock_updater"], []
 
 
-def _print(rows, check, micro, found, mode) -> None:
-    print(contest.table(rows, CONTEST))
-    if mode == "check":
-        print("(--check runs two workers at once on tiny epochs: the speed columns mean nothing)")
-    tolerances = f"rtol {RTOL}, atol {ATOL}; MXNet's stock updater with plain SGD: rtol "
-    tolerances += f"{STOCK_SGD_RTOL}, atol {STOCK_SGD_ATOL}"
-    verdict = "every contender finite; every contender that computes the same thing as the hand"
-    verdict += f" loop ends with its parameters ({tolerances})"
-    print("\nCorrectness: " + (verdict if check["ok"] else "FAILED"))
-    for failure in check["failures"]:
-        print(f"  - {failure}")
-    if micro:
-        print(micro_table(micro))
-    if found:
-        print(targets_table(found))
+def passes(run) -> tuple:
+    """The micro suite after the contest (unless ``--no-micro``): ``{'micro': report}``."""
+    if run.args.no_micro:
+        return {"micro": None}, 0
+    return {"micro": run_micro(MODES[run.mode]["micro"], run.environment, run.root)}, 0
+
+
+def run_targets(rows: List[dict], fields: dict, mode: str) -> List[dict]:
+    return targets(rows, fields.get("micro")) if mode != "check" else []
+
+
+def tables(data: dict) -> List[str]:
+    return [micro_table(data["micro"])] if (data.get("micro") or {}).get("per_batch") else []

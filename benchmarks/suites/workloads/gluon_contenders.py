@@ -1,12 +1,13 @@
-"""The gluon suite's contenders: ``f(spec, iterator, init, clock)`` each (:mod:`harness.worker`).
+"""The gluon workload's contenders: ``f(spec, iterator, init, clock)`` each (:mod:`harness.worker`).
 
-Every contender trains the same Gluon ``HybridSequential`` (:func:`block`: the loop
-suite's :func:`~suites.loop_contenders.gluon_net`, its values set from
+Every contender trains the same Gluon ``HybridSequential`` (:func:`block`:
+:func:`gluon_net`, the symbol workload's network, its values set from
 :func:`harness.workload.initial_params`, biases without weight decay as symbols have
 them) with ``SoftmaxCrossEntropyLoss``, the cell's optimizer (momentum SGD, the loop
 suite's rate) and ``trainer.step(batch_size)``'s scale, on the same data in the same
 order; on two contexts each device takes half of each batch. The reference is the
-hand-written Gluon loop, which the contest calls ``hand`` (:data:`REFERENCE`).
+hand-written Gluon loop (:data:`REFERENCE`); the symbol workload's Gluon contender is
+the same loop with an accuracy metric.
 
 With ``GLUON_SUITE_VALIDATE=1`` in the environment (the suite's ``--check``), the
 estimator and ``mxoid_gluon`` also evaluate a validation set after every epoch (the
@@ -19,30 +20,33 @@ import multiprocessing
 import os
 
 import mxnet as mx
-from harness.workload import clock_extension, contexts, everyday_extensions
+from harness.workload import clock_extension, contexts, everyday
 from mxnet import autograd, gluon
 
-from suites import loop_contenders
-from suites.loop_contenders import gluon_net, optimizer_of
+from suites.workloads import symbol_contenders
+from suites.workloads.symbol_contenders import optimizer_of
 
 __all__ = ["CONTENDERS", "REFERENCE", "prepare"]
 
-REFERENCE = "hand"  # harness.contest compares every contender with the contender so named
+REFERENCE = "gluon_hybrid"  # harness.contest compares every contender with it
 VALIDATE_ENV = "GLUON_SUITE_VALIDATE"
 VALIDATION_SAMPLES = 200  # not a multiple of 32 or 128: a short last batch, padded or kept
 VALIDATION_FILE = "validation.json"
 LOADER_WORKERS = {"": 0, "_w2": 2}  # the DataLoader contenders: suffix -> num_workers
-MONITORED = {"output": "acc", "loss": "loss"}  # mxoid_gluon's TrainingMonitoring
+# mxoid_gluon's TrainingMonitoring: the block's accuracy and the loss; the symbol
+# workload's ['acc', 'ce'] would take the block's raw scores for probabilities (mxoid
+# records train_ce as nan)
+MONITORED = {"output": "acc", "loss": "loss"}
 LOADERS: dict = {}  # contender -> its DataLoader or DataLoaderIter, built by prepare()
 
 
 def prepare(spec: dict):
-    """The cell's data, labels and initial parameters (:func:`suites.loop_contenders.prepare`),
+    """The cell's data, labels and initial parameters (:func:`symbol_contenders.prepare`),
     and the DataLoaders of the contenders reading one (:data:`LOADERS`): built here, in the
     worker's main thread, since a DataLoader with workers sets a signal handler when built
     (it refuses any other thread), and forks its workers before the contenders' threads
     start."""
-    X, y, init = loop_contenders.prepare(spec)
+    X, y, init = symbol_contenders.prepare(spec)
     # A worker forked by the harness's fork server inherits its start method: its
     # DataLoaders' workers would start as fresh processes from the server (seconds
     # each, every object pickled). A script of a Gluon user forks them (Linux's default).
@@ -58,6 +62,26 @@ def prepare(spec: dict):
                 loader = data_loader(spec, X, y, workers)
                 LOADERS[name] = DataLoaderIter(loader, data_names=("data",), label_names=("label",))
     return X, y, init
+
+
+def gluon_net(model: str):
+    """The symbol workload's network as a Gluon HybridSequential, its parameters named as
+    the symbol's."""
+    nn = mx.gluon.nn
+    net = nn.HybridSequential(prefix="")
+    with net.name_scope():
+        if model == "mlp":
+            net.add(nn.Dense(128, activation="relu", in_units=784, prefix="fc1_"))
+            net.add(nn.Dense(64, activation="relu", in_units=128, prefix="fc2_"))
+            net.add(nn.Dense(10, in_units=64, prefix="fc3_"))
+        else:
+            net.add(nn.Conv2D(20, 5, activation="tanh", in_channels=1, prefix="conv1_"))
+            net.add(nn.MaxPool2D(2, 2))
+            net.add(nn.Conv2D(50, 5, activation="tanh", in_channels=20, prefix="conv2_"))
+            net.add(nn.MaxPool2D(2, 2))
+            net.add(nn.Dense(500, activation="tanh", in_units=800, prefix="fc1_"))
+            net.add(nn.Dense(10, in_units=500, prefix="fc2_"))
+    return net
 
 
 def block(spec: dict, init: dict, ctxs=None, hybridize: bool = True) -> gluon.HybridBlock:
@@ -152,22 +176,6 @@ def gluon_loop(spec, train_iter, init, clock, metric: bool = False, loader=None)
 
 
 # ----------------------------------------------------------------------- mxoid
-def everyday(workdir: str):
-    """The everyday extensions (:func:`harness.workload.everyday_extensions`), and notes.
-    TrainingMonitoring records the block's accuracy and the loss (:data:`MONITORED`):
-    the loop suite's ``['acc', 'ce']`` would take the block's raw scores for
-    probabilities (mxoid records ``train_ce`` as nan)."""
-    from mxoid import TrainingMonitoring
-
-    factories, notes = everyday_extensions(workdir)
-    made = [
-        TrainingMonitoring(MONITORED) if name == "TrainingMonitoring" else make()
-        for name, make in factories.items()
-    ]
-    names = [f"{n}({MONITORED})" if n == "TrainingMonitoring" else n for n in factories]
-    return made, notes + ["extensions: " + ", ".join(names)]
-
-
 class _ValidationRecords:
     """An mxoid extension reading the Evaluate's records after every epoch (``samples``:
     the validation set's, all of which Evaluate counts)."""
@@ -193,9 +201,7 @@ def mxoid_gluon(spec, train_iter, init, clock, extensions: bool = True, loader=N
     net = block(spec, init, hybridize=False)
     made = [FinishAfter(after_n_epochs=spec["epochs"])]
     if extensions:
-        more, notes = everyday(spec["workdir"])
-        made += more
-        spec["notes"] += notes
+        made += everyday(spec, MONITORED)
     validation = []
     if validating() and extensions and loader is None:
         X, y = validation_arrays(train_iter)
@@ -276,7 +282,7 @@ def estimator(spec, train_iter, init, clock):
 
 
 CONTENDERS = {
-    REFERENCE: gluon_loop,  # gluon_hybrid
+    REFERENCE: gluon_loop,
     "gluon_hybrid_acc": lambda *a: gluon_loop(*a, metric=True),
     "mxoid_gluon": mxoid_gluon,
     "mxoid_gluon_bare": lambda *a: mxoid_gluon(*a, extensions=False),

@@ -1,6 +1,6 @@
-"""The buckets suite: mxoid training an LSTM over buckets against BucketingModule.fit.
+"""The buckets workload (``run.py buckets``): an LSTM over buckets, against BucketingModule.fit.
 
-The contenders (:mod:`suites.buckets_contenders`) train MXNet's LSTM language model
+The contenders (:mod:`suites.workloads.buckets_contenders`) train MXNet's LSTM language model
 (``examples/lstm_bucketing.py``'s ``sym_gen``) over six buckets of synthetic sentences
 (fixed seed), from the same values, in the same order, with the same optimizer: a
 hand-written loop binding one executor set per bucket with shared arrays, as
@@ -16,18 +16,17 @@ or other parameters than the floor's; speed and memory never change it.
 
 import itertools
 import os
-import pathlib
-import signal
-import sys
-import tempfile
-import time
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List
 
 import numpy as np
-from harness import contest, env, report
-from harness.processes import Job, Launcher, run_jobs
+from harness import contest, report
+from harness.processes import Job, run_jobs
+from harness.targets import ratios
+from harness.targets import target as _target
 
-from suites import gluon, loop
+from suites.workloads import gluon
+
+NAME = "buckets"  # the results' name and run.py's alias
 
 BUCKETS = (10, 20, 30, 40, 50, 60)  # sentence lengths: six buckets
 LONGEST = max(BUCKETS)  # the default bucket, and the one bucket of the memory comparison
@@ -103,7 +102,7 @@ def describe_cell(cell: tuple) -> str:
 
 
 CELL_KEYS = ("model", "batch_size", "contexts")
-CONTEST = contest.Contest("suites.buckets_contenders", LABELS, describe_cell, CELL_KEYS)
+CONTEST = contest.Contest("suites.workloads.buckets_contenders", LABELS, describe_cell, CELL_KEYS)
 CONTEST.equal_to_hand = EQUAL_TO_HAND
 CONTEST.versus = "bucketing_fit_metric"
 
@@ -177,19 +176,19 @@ def memory_targets(found: List[dict]) -> List[dict]:
             text += f" ({six[key]:.0f} over {one[key]:.0f} MiB)"
             text += f": <= {MEMORY_LIMIT:.2f}x" if target else ""
             ratio = six[key] / one[key] if one[key] > 0 else float("inf")
-            entries.append(loop._target(text, ratio, MEMORY_LIMIT, "x", at_most=True))
+            entries.append(_target(text, ratio, MEMORY_LIMIT, "x", at_most=True))
             entries[-1]["is_target"] = target
     return entries
 
 
 # -------------------------------------------------------------------- targets
-RATIOS = (  # (contender, over, limit, a target?): the issue's targets, then comparisons
-    ("mxoid_everyday", "hand", 0.95, True),
-    ("mxoid_everyday", "bucketing_fit_metric", 1.3, True),
-    ("mxoid_bare", "hand", 1.0, False),
-    ("mxoid_everyday", "bucketing_fit_nometric", 1.0, False),
-    ("bucketing_fit_metric", "hand", 1.0, False),
-    ("bucketing_fit_nometric", "hand", 1.0, False),
+RATIOS = (  # (contender, over, limit, a target?, cells): the issue's targets, then comparisons
+    ("mxoid_everyday", "hand", 0.95, True, None),
+    ("mxoid_everyday", "bucketing_fit_metric", 1.3, True, None),
+    ("mxoid_bare", "hand", 1.0, False, None),
+    ("mxoid_everyday", "bucketing_fit_nometric", 1.0, False, None),
+    ("bucketing_fit_metric", "hand", 1.0, False, None),
+    ("bucketing_fit_nometric", "hand", 1.0, False, None),
 )
 
 
@@ -198,23 +197,7 @@ def targets(rows: List[dict]) -> List[dict]:
     everyday extensions >= 0.95 of the floor and >= 1.3x ``BucketingModule.fit`` with its
     Perplexity (with the floor's own ratio over it); then comparisons (ratios with their
     intervals, no target): mxoid bare, and what ``fit`` and its metric cost."""
-    index = {(r["contender"],) + contest.cell_of(r, CELL_KEYS): r for r in rows}
-    index = {key: row for key, row in index.items() if "samples_per_second" in row}
-    found = []
-    for cell in dict.fromkeys(contest.cell_of(r, CELL_KEYS) for r in rows):
-        for contender, over, limit, target in RATIOS:
-            mine, theirs = index.get((contender, *cell)), index.get((over, *cell))
-            if mine is None or theirs is None:
-                continue
-            text = f"{contender} over {over}, {describe_cell(cell)}"
-            text += f": >= {limit:.2f}x" if target else ""
-            entry = loop._target(text, 0.0, limit, "x", versus=(mine, theirs))
-            entry["is_target"] = target
-            hand = index.get(("hand", *cell))
-            if target and over != "hand" and hand is not None:
-                entry["floor"] = contest.throughput_ratio(hand, theirs)[0]
-            found.append(entry)
-    return found
+    return ratios(rows, RATIOS, CONTEST, floor=True)
 
 
 # -------------------------------------------------------------------- output
@@ -247,96 +230,43 @@ def tokens_table(rows: List[dict]) -> str:
     return "\n" + report.markdown_table(header, body, "llrrrr")
 
 
-def describe_machine(machine: dict, mxnet: str = "") -> str:
-    """The CPUs, Python (and MXNet), and the mxoid measured."""
-    changes = " with uncommitted changes" if machine["mxoid_uncommitted_changes"] else ""
-    where = f"{machine['nproc']} CPUs ({machine['cpu']}), Python {machine['python']}"
-    return f"{where}{mxnet and f', MXNet {mxnet}'}, mxoid {machine['mxoid_commit']}{changes}"
-
-
-def markdown(data: dict) -> str:
-    head = f"Run of {data['date']}: `python {data['command']}` ({data['seconds'] / 60:.0f} min), "
-    head += describe_machine(data["machine"], data.get("mxnet") or "") + ".\n"
-    parts = [head, contest.table(data["results"], CONTEST), LEGEND, tokens_table(data["results"])]
-    if data.get("targets"):
-        parts.append(gluon.ratios_table(data["targets"]))
-    return "\n".join(parts) + "\n"
-
-
 VERDICT = "every contender finite and ends with the floor's parameters (the hand loop over "
 VERDICT += f"buckets; rtol {RTOL}, atol {ATOL})"
 LEGEND = "(a sample is a sentence; x Module: over BucketingModule.fit with Perplexity)"
 
 
-# ---------------------------------------------------------------------- main
-def _configure(parser, args) -> dict:
-    mode = "check" if args.check else "quick" if args.quick else "full"
-    config = dict(MODES[mode], cells=CELLS[mode])
-    config["memory_epochs"] = config.pop("memory")
-    named = args.contenders.split(",") if args.contenders else ALL_CONTENDERS
-    if set(named) - set(ALL_CONTENDERS):
-        parser.error(f"unknown contenders {sorted(set(named) - set(ALL_CONTENDERS))}")
-    # the floor always, first: the ratios and the parameters are taken against it
-    config["contenders"] = ["hand"] + [name for name in named if name != "hand"]
-    try:
-        config["cells"] = parse_cells(args.cells) if args.cells else config["cells"]
-    except ValueError as error:
-        parser.error(str(error))
-    per_bucket = BATCHES_PER_BUCKET[mode]
-    config["samples"] = {c: per_bucket * c[1] * len(BUCKETS) for c in config["cells"]}
-    # the six buckets against one: every cell's (--check: the first one's)
-    config["memory_cells"] = [] if args.no_memory else list(config["cells"][: MEMORY_CELLS[mode]])
-    return contest.apply_options(config, args)
+# ------------------------------------------------------------ the contest suite's hooks
+CELLS_HELP = "model-batch-contexts, e.g. lstm-32-1,lstm2-32-2"
+SETTINGS = {"buckets": list(BUCKETS), "models": MODELS}
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    parser = report.parser(__doc__, "buckets")
-    contest.add_options(parser, ALL_CONTENDERS, "model-batch-contexts, e.g. lstm-32-1,lstm2-32-2")
-    args = parser.parse_args(argv)
-    if report.print_report(args, markdown):
-        return 0
-    mxoid_root = report.mxoid_root(parser, args)
-    run, plan = report.Run("buckets", args, argv), _configure(parser, args)
-    environment, machine = env.worker_env(mxoid_root), env.machine_info(mxoid_root)
-    print(f"buckets suite, {run.mode}: {describe_machine(machine)}")
-    signal.signal(signal.SIGTERM, signal.default_int_handler)  # KeyboardInterrupt: clean up
-    with tempfile.TemporaryDirectory(prefix="mxoid-bench-buckets-") as root:
-        launcher, timeout = Launcher(environment), args.worker_timeout
-        rows, check, processes = contest.run(CONTEST, plan, launcher, root, args.quiet, timeout)
-        memory = (
-            memory_pass(plan, launcher, root, args.quiet, timeout) if plan["memory_cells"] else []
-        )
-    processes += len(memory)
-    add_tokens(rows, {cell: tokens_per_epoch(cell, n) for cell, n in plan["samples"].items()})
-    check["failures"] += memory_failures(memory)
-    check["ok"] = not check["failures"]
-    check.update(rtol=RTOL, atol=ATOL, reference="hand", equal_to_hand_expected_for=EQUAL_TO_HAND)
-    found = (targets(rows) if run.mode != "check" else []) + memory_targets(memory)
-    _print(rows, check, found, run.mode)
-    print(f"\n{processes} worker processes in {time.perf_counter() - run.started:.0f} s")
-    samples = {describe_cell(cell): count for cell, count in plan["samples"].items()}
-    settings = dict(plan, samples=samples, buckets=list(BUCKETS), models=MODELS, warmup_epochs=1)
-    settings.update(design="interleaved", memory_pass=bool(plan["memory_epochs"]))
-    settings["timed_epochs"] = plan["timed"]
-    shown = ("MXNET_", "OMP_") + tuple(env.WORKER_ENV)  # the settings the workers ran with
-    worker_env = {k: v for k, v in environment.items() if k.startswith(shown)}
-    fields = dict(worker_env=worker_env, settings=settings, results=rows, correctness=check)
-    fields.update(targets=found, bucket_memory=memory)
-    data = run.write(fields, mxoid_root, own_load=False)  # its workers would count
-    if args.markdown:
-        pathlib.Path(args.markdown).write_text(markdown(data))
-        print(f"Markdown written to {args.markdown}")
-    return 0 if check["ok"] else 1
+def samples(mode: str, cell: tuple) -> int:
+    """Every sentence trains: :data:`BATCHES_PER_BUCKET` batches of each bucket an epoch."""
+    return BATCHES_PER_BUCKET[mode] * cell[1] * len(BUCKETS)
 
 
-def _print(rows, check, found, mode) -> None:
-    print(contest.table(rows, CONTEST))
-    print(LEGEND)
-    print(tokens_table(rows))
-    if mode == "check":
-        print("(--check runs two workers at once on tiny epochs: the speed columns mean nothing)")
-    lines = [f"  - {failure}" for failure in check["failures"]]
-    print("\nCorrectness: " + (VERDICT if check["ok"] else "FAILED"), *lines, sep="\n")
-    if found:
-        print(gluon.ratios_table(found))
+def configure(plan: dict, args, mode: str) -> None:
+    """The cells of the memory pass over six buckets against one: every cell's (--check:
+    the first one's)."""
+    plan["memory_cells"] = [] if args.no_memory else list(plan["cells"][: MEMORY_CELLS[mode]])
+
+
+def passes(run) -> tuple:
+    """Tokens per second in every row; the memory pass over six buckets and one."""
+    plan, args = run.plan, run.args
+    memory = []
+    if plan["memory_cells"]:
+        memory = memory_pass(plan, run.launcher, run.root, args.quiet, args.worker_timeout)
+    add_tokens(run.rows, {cell: tokens_per_epoch(cell, n) for cell, n in plan["samples"].items()})
+    run.check["failures"] += memory_failures(memory)
+    return {"bucket_memory": memory}, len(memory)
+
+
+def run_targets(rows: List[dict], fields: dict, mode: str) -> List[dict]:
+    """Issue 29's targets (not in --check), then the memory's (always)."""
+    found = targets(rows) if mode != "check" else []
+    return found + memory_targets(fields["bucket_memory"])
+
+
+def tables(data: dict) -> List[str]:
+    return [LEGEND, tokens_table(data["results"])]

@@ -1,4 +1,4 @@
-"""The loop suite's contenders: ``f(spec, iterator, init, clock)`` each (:mod:`harness.worker`).
+"""The symbol workload's contenders: ``f(spec, iterator, init, clock)`` (:mod:`harness.worker`).
 
 All run the cell's optimizer (:data:`OPTIMIZERS`), weight decay on ``*_weight`` and
 ``*_gamma`` only, ``rescale_grad = 1 / batch``; on two contexts the batch is halved.
@@ -14,7 +14,7 @@ from harness.workload import (
     build_symbol,
     clock_extension,
     contexts,
-    everyday_extensions,
+    everyday,
     initial_params,
     make_data,
     param_names,
@@ -201,59 +201,13 @@ def feedforward_fit(spec, train_iter, init, clock):
     return {k: v.asnumpy() for k, v in model.arg_params.items()}
 
 
-def gluon_net(model: str):
-    """The same network as a Gluon HybridSequential, its parameters named as the symbol's."""
-    nn = mx.gluon.nn
-    net = nn.HybridSequential(prefix="")
-    with net.name_scope():
-        if model == "mlp":
-            net.add(nn.Dense(128, activation="relu", in_units=784, prefix="fc1_"))
-            net.add(nn.Dense(64, activation="relu", in_units=128, prefix="fc2_"))
-            net.add(nn.Dense(10, in_units=64, prefix="fc3_"))
-        else:
-            net.add(nn.Conv2D(20, 5, activation="tanh", in_channels=1, prefix="conv1_"))
-            net.add(nn.MaxPool2D(2, 2))
-            net.add(nn.Conv2D(50, 5, activation="tanh", in_channels=20, prefix="conv2_"))
-            net.add(nn.MaxPool2D(2, 2))
-            net.add(nn.Dense(500, activation="tanh", in_units=800, prefix="fc1_"))
-            net.add(nn.Dense(10, in_units=500, prefix="fc2_"))
-    return net
+def gluon_loop(spec, train_iter, init, clock):
+    """The gluon workload's hand-written hybridized Gluon loop (``split_and_load``,
+    ``gluon.Trainer`` with its default kvstore, biases with ``wd_mult = 0`` as symbols
+    have them), accuracy updated every batch."""
+    from suites.workloads import gluon_contenders  # imports this module
 
-
-def gluon_trainer(spec, train_iter, init, clock):
-    """A hybridized Gluon net and loss (``static_alloc``, ``static_shape``),
-    ``split_and_load``, ``gluon.Trainer`` with its default kvstore, accuracy updated every
-    batch; biases get ``wd_mult = 0`` as symbols do."""
-    from mxnet import autograd, gluon
-
-    ctxs = contexts(spec["contexts"])
-    net = gluon_net(spec["model"])
-    net.initialize(ctx=ctxs)
-    params = net.collect_params()
-    for name, param in params.items():
-        param.set_data(mx.nd.array(init[name]))
-        if not name.endswith(("_weight", "_gamma")):
-            param.wd_mult = 0.0
-    net.hybridize(static_alloc=True, static_shape=True)
-    loss_fn = gluon.loss.SoftmaxCrossEntropyLoss()
-    loss_fn.hybridize(static_alloc=True, static_shape=True)
-    trainer = gluon.Trainer(params, *optimizer_of(spec))
-    metric, split_and_load = mx.metric.Accuracy(), gluon.utils.split_and_load
-    for _ in range(spec["epochs"]):
-        train_iter.reset()
-        metric.reset()
-        for batch in train_iter:
-            data = split_and_load(batch.data[0], ctxs)
-            label = split_and_load(batch.label[0], ctxs)
-            with autograd.record():
-                outputs = [net(x) for x in data]
-                losses = [loss_fn(out, y) for out, y in zip(outputs, label)]
-            autograd.backward(losses)
-            trainer.step(spec["batch_size"])
-            metric.update(label, outputs)
-        metric.get()
-        clock.tick()
-    return {name: param.data(ctxs[0]).asnumpy() for name, param in params.items()}
+    return gluon_contenders.gluon_loop(spec, train_iter, init, clock, metric=True)
 
 
 def main_loop(spec, train_iter, init, clock, extensions=(), symbol=None):
@@ -278,9 +232,7 @@ def mxoid_loop(spec, train_iter, init, clock, extensions=(), symbol=None):
 
 def mxoid_everyday(spec, train_iter, init, clock):
     """mxoid's MainLoop with the everyday extensions it has."""
-    factories, notes = everyday_extensions(spec["workdir"])
-    spec["notes"] += notes + ["extensions: " + ", ".join(factories)]
-    return mxoid_loop(spec, train_iter, init, clock, [make() for make in factories.values()])
+    return mxoid_loop(spec, train_iter, init, clock, everyday(spec))
 
 
 CONTENDERS = {
@@ -291,7 +243,7 @@ CONTENDERS = {
     # an empty CompositeEvalMetric: its update does nothing, nothing is read back
     "module_fit_nometric": lambda *a: module_fit(*a, metric=mx.metric.CompositeEvalMetric()),
     "feedforward": feedforward_fit,
-    "gluon": gluon_trainer,
+    "gluon": gluon_loop,
     "mxoid_bare": mxoid_loop,
     "mxoid_everyday": mxoid_everyday,
 }

@@ -1,11 +1,11 @@
-"""The buckets suite's contenders: ``f(spec, iterator, init, clock)`` each (:mod:`harness.worker`).
+"""The buckets workload's contenders: ``f(spec, iterator, init, clock)`` (:mod:`harness.worker`).
 
 Every contender trains MXNet's LSTM language model of ``examples/lstm_bucketing.py`` (its
 ``sym_gen_of``: an embedding, stacked ``LSTMCell`` s unrolled per bucket length, a
-softmax over the vocabulary at every step; sizes :data:`suites.buckets.MODELS`) from the
+softmax over the vocabulary at every step; sizes :data:`suites.workloads.buckets.MODELS`) from the
 same values, on the same sentences in the same order, with the loop suite's momentum SGD
 (weight decay on ``*_weight`` only, ``rescale_grad = 1 / batch``; on two contexts each
-takes half of each batch). The sentences (:func:`suites.buckets.make_sentences`) come as
+takes half of each batch). The sentences (:func:`suites.workloads.buckets.make_sentences`) come as
 the worker's shared arrays, padded rows and lengths; each contender reads them through a
 ``BucketSentenceIter`` of its own (:class:`SentenceIter`) over ``spec['buckets']``.
 """
@@ -17,10 +17,10 @@ import sys
 import mxnet as mx
 import numpy as np
 from harness.env import ROOT
-from harness.workload import PARAM_SEED, contexts, everyday_extensions
+from harness.workload import PARAM_SEED, contexts, everyday
 
-from suites import buckets, loop_contenders
-from suites.loop_contenders import mxoid_loop, optimizer_of
+from suites.workloads import buckets, symbol_contenders
+from suites.workloads.symbol_contenders import mxoid_loop, optimizer_of
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 import lstm_bucketing  # noqa: E402 (the example's network, beside its shared module)
@@ -28,7 +28,7 @@ import lstm_bucketing  # noqa: E402 (the example's network, beside its shared mo
 __all__ = ["CONTENDERS", "prepare"]
 
 PAD = lstm_bucketing.PAD  # the padding label, which no metric counts
-MONITORED = [lstm_bucketing.PERPLEXITY]  # mxoid_everyday's TrainingMonitoring
+MONITORED = [lstm_bucketing.PERPLEXITY]  # mxoid_everyday's TrainingMonitoring: no padding
 
 
 def prepare(spec: dict):
@@ -134,7 +134,7 @@ def hand(spec, train_iter, init, clock):
             executor.arg_dict[name][:] = init[name]
     weights = [[e.arg_dict[n] for n in names] for e in default]
     grads = [[e.grad_dict[n] for n in names] for e in default]
-    update = loop_contenders._update_step(spec, symbol, names, weights, grads, False)
+    update = symbol_contenders._update_step(spec, symbol, names, weights, grads, False)
     for epoch in range(spec["epochs"]):
         if epoch:
             data.reset()
@@ -164,7 +164,7 @@ def bucketing_fit(spec, train_iter, init, clock, metric=None):
         network(spec),
         default_bucket_key=data.default_bucket_key,
         context=contexts(spec["contexts"]),
-        logger=loop_contenders._quiet_logger(),
+        logger=symbol_contenders._quiet_logger(),
     )
     optimizer, optimizer_params = optimizer_of(spec)
     module.fit(
@@ -181,22 +181,10 @@ def bucketing_fit(spec, train_iter, init, clock, metric=None):
 
 
 # ---------------------------------------------------------------------- mxoid
-def everyday(spec: dict) -> list:
-    """The everyday extensions (:func:`harness.workload.everyday_extensions`), the
-    TrainingMonitoring of perplexity without the padding (:data:`MONITORED`)."""
-    from mxoid import TrainingMonitoring
-
-    factories, notes = everyday_extensions(spec["workdir"])
-    if "TrainingMonitoring" in factories:
-        factories["TrainingMonitoring"] = lambda: TrainingMonitoring(MONITORED)
-    spec["notes"] += notes + [f"extensions: {', '.join(factories)}; monitored: {MONITORED}"]
-    return [make() for make in factories.values()]
-
-
 def mxoid(spec, train_iter, init, clock, extensions: bool = True):
     """``mxoid.MainLoop(sym_gen, iterator, ...)`` (the loop suite's settings, kvstore
     ``'local'``): ``FinishAfter``, and the everyday extensions unless ``extensions`` is False."""
-    made = everyday(spec) if extensions else []
+    made = everyday(spec, MONITORED) if extensions else []
     data = sentence_iter(spec, train_iter)
     return mxoid_loop(spec, data, init, clock, made, symbol=network(spec))
 
