@@ -2,14 +2,13 @@
 
 import ast
 import importlib
-import io
 import subprocess
 import sys
-import tokenize
 import warnings
 from pathlib import Path
 
 import pytest
+from sizes import code_lines
 
 import mxoid
 
@@ -145,28 +144,6 @@ def test_the_loop_asks_extensions_only_through_the_extension_api():
             for name in ("e", "extension")
             for cls in ("Checkpoint", "TrainingMonitoring", "MetricsExtension", "Evaluate")
         ), path
-
-
-def code_lines(text):
-    """The number of lines holding code: no docstring, comment or blank line counts.
-
-    A docstring is any bare string statement (a module's, a class's, a function's, an
-    attribute's); a string that is part of code (a message constant) counts.
-    """
-    documentation = set()
-    for node in ast.walk(ast.parse(text)):
-        if (
-            isinstance(node, ast.Expr)
-            and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)
-        ):
-            documentation.update(range(node.lineno, node.end_lineno + 1))
-    layout = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT}
-    lines = set()
-    for token in tokenize.generate_tokens(io.StringIO(text).readline):
-        if token.type not in layout | {tokenize.ENDMARKER}:
-            lines.update(range(token.start[0], token.end[0] + 1))
-    return len(lines - documentation)
 
 
 def test_code_lines_leave_out_documentation_comments_and_blank_lines():
