@@ -554,6 +554,38 @@ def readme_python(section):
     return re.findall(r"```python\n(.*?)```", text[start : end if end > 0 else None], re.S)
 
 
+LAUNCHED = {"Distributed training"}  # a script for mxoid launch: run so, twice, below
+
+
+def readme_python_in_order():
+    """Every ```python block of the README, with its section's title, in the README's order."""
+    sections = re.split(r"\n(?=## )", README.read_text())
+    return [
+        (section.splitlines()[0][3:], block)
+        for section in sections
+        for block in re.findall(r"```python\n(.*?)```", section, re.S)
+    ]
+
+
+def test_every_python_block_of_the_readme_runs_as_pasted_twice(tmp_path, monkeypatch):
+    """As a reader pastes them into one session, in a fresh folder: each block with only what
+    the blocks before it defined; then all of them again, as a second run of the same script
+    in the same folder (checkpoint directories and logs of the first run are there)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MXNET_SUBGRAPH_VERBOSE", raising=False)
+    blocks = readme_python_in_order()
+    assert len(blocks) >= 12 and "<!--" not in README.read_text()  # no internal notes
+    for run in (1, 2):
+        namespace = {"__name__": "__main__"}
+        for title, block in blocks:
+            if title in LAUNCHED:
+                continue
+            try:
+                exec(compile(block, f"README.md, {title}", "exec"), namespace)
+            except Exception as error:  # say which block, then fail
+                raise AssertionError(f"run {run}: the block of {title!r} raised {error!r}") from error
+
+
 def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
     from mxoid import Evaluate, FinishAfter, MainLoop
 
@@ -720,11 +752,14 @@ def test_a_fresh_clone_skips_the_mnist_tests_saying_how_to_run_them(tmp_path):
     assert "skipped" in done.stdout and f"set {MNIST_VARIABLE} to the folder" in done.stdout
 
 
-def test_readme_distributed_example_runs_under_the_launcher(tmp_path):
+@pytest.mark.parametrize("run", [1, 2])  # a second run in the same folder, as pasted twice
+def test_readme_distributed_example_runs_under_the_launcher(tmp_path_factory, run):
     (block,) = readme_python("Distributed training")
+    tmp_path = tmp_path_factory.getbasetemp() / "readme-distributed"
+    tmp_path.mkdir(exist_ok=True)
     script = tmp_path / "train.py"
     script.write_text(block)
-    env = dict(example_env(), MXNET_CPU_WORKER_NTHREADS="1", MXNET_SUBGRAPH_VERBOSE="0")
+    env = dict(example_env(), MXNET_CPU_WORKER_NTHREADS="1")  # the script keeps MXNet quiet
     done = subprocess.run(
         [
             sys.executable,
@@ -754,6 +789,7 @@ def test_readme_distributed_example_runs_under_the_launcher(tmp_path):
     assert [line.split(":")[0] for line in finals] == ["rank 0", "rank 1"]
     accuracies = {line.split()[-1] for line in finals}
     assert len(accuracies) == 1 and float(accuracies.pop()) > 0.85  # summed over the workers
+    assert "Subgraph backend" not in done.stdout + done.stderr
 
 
 # ------------------------------------------------------------------ a loop of one's own

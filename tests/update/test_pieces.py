@@ -175,12 +175,12 @@ def test_the_readmes_own_loop_runs_and_equals_main_loop(devices):
     text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = text[text.index("\n## Your own loop from the pieces") :]
     section = section[: section.index("\n## ", 5)]
-    (block,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    block = re.findall(r"```python\n(.*?)```", section, re.S)[0]  # the loop (then its use)
     namespace = {}
     exec(compile(block, "README.md", "exec"), namespace)
     X, y = classification_data(n=60)
     params = initial_params(mlp(), (20, 10))
-    args, _ = namespace["train"](mlp(), batches(X, y), CONTEXTS[devices], params, epochs=2)
+    args, _ = namespace["own_loop"](mlp(), batches(X, y), CONTEXTS[devices], params, epochs=2)
     loop = MainLoop(
         mlp(),
         batches(X, y),
