@@ -583,7 +583,8 @@ def test_every_python_block_of_the_readme_runs_as_pasted_twice(tmp_path, monkeyp
             try:
                 exec(compile(block, f"README.md, {title}", "exec"), namespace)
             except Exception as error:  # say which block, then fail
-                raise AssertionError(f"run {run}: the block of {title!r} raised {error!r}") from error
+                message = f"run {run}: the block of {title!r} raised {error!r}"
+                raise AssertionError(message) from error
 
 
 def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
