@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import mxnet as mx
+import numpy as np
 
 from ..executor_manager.outputs import metric_output_names, output_short_name
 from ..metrics import Accumulators, Metric, MetricAccumulator, per_row_head
@@ -38,8 +39,13 @@ class TrainingMonitoring(MetricsExtension):
     training executors); with MXNet's operators the backward pass does (the
     sums are the gradient of an argument bound with ``grad_req='add'``). The sums are read,
     written as records and reset only when the extension fires: at the end of
-    each epoch and, with ``every_n_batches``, every N batches. Each write
-    covers the batches since the previous write (or the start of training).
+    each epoch and, with ``every_n_batches``, every N batches. A write every N
+    batches covers the batches since the previous write (the window, as
+    ``mx.callback.Speedometer`` shows with ``auto_reset``); a write at the end
+    of an epoch covers the whole epoch (the batches since the previous epoch's
+    write, or the start of training), whatever was written in between, as
+    ``Module.fit``'s ``Train-accuracy`` does: the epoch's figure stays the
+    epoch's.
     Records are named ``<prefix>_<output>_<metric>``, or ``<prefix>_<metric>``
     when the symbol has one output (``prefix`` is ``'train'`` unless given);
     values are means over the real samples of those batches (padding never
@@ -96,6 +102,7 @@ class TrainingMonitoring(MetricsExtension):
         self._sums_of: Dict[Any, str] = {}  # bucket key -> the name of its head's running sums
         self._buckets: Optional[Accumulators] = None
         self._pending: Dict[str, Dict[str, Any]] = {}  # states of buckets not bound yet
+        self._since_epoch: Optional[np.ndarray] = None  # (sum, count) read since an epoch's write
 
     def _bind(self, loop: MainLoop) -> None:
         self._bound = bound = self._metrics_on_outputs(loop)
@@ -180,6 +187,8 @@ class TrainingMonitoring(MetricsExtension):
         With buckets, each bucket's under ``buckets`` by ``repr(key)``.
         """
         state = self.accumulator.state_dict()
+        if self._since_epoch is not None:  # windows written in this epoch: its write adds them
+            state["since_epoch"] = self._since_epoch.tolist()
         if self._buckets.by_key or self._pending:
             state["buckets"] = {
                 **self._pending,
@@ -194,12 +203,27 @@ class TrainingMonitoring(MetricsExtension):
         """
         self.accumulator.load_state_dict(state)
         self._pending = dict(state.get("buckets", {}))
+        since = state.get("since_epoch")
+        self._since_epoch = None if since is None else np.asarray(since, dtype=np.float64)
 
     def do(self, which_callback: str, *args: Any) -> None:
-        """Write the records over the batches since the last write, and reset the sums."""
+        """Write the records over the batches since the last write, and reset the sums.
+
+        At an epoch's end, over the batches since the previous epoch's write.
+        """
         accumulators = self._buckets
-        if accumulators.rows + sum(s["rows"] for s in self._pending.values()) == 0:
+        epoch_end = which_callback == "after_epoch"
+        totals = self._since_epoch
+        if accumulators.rows + sum(s["rows"] for s in self._pending.values()) > 0:
+            read = accumulators.totals(self.reduce, self._pending)
+            accumulators.reset()
+            totals = read if totals is None else totals + read
+            self._since_epoch = totals
+            if not epoch_end:
+                totals = read  # a window's records
+        elif not epoch_end or totals is None:
             return
-        values = accumulators.values(self.reduce, self._pending)
+        if epoch_end:
+            self._since_epoch = None
+        values = accumulators.values_of(totals)
         self.main_loop.log.current_row.update(zip(self._records, values))
-        accumulators.reset()

@@ -16,6 +16,7 @@ from ..data.position import batches_per_epoch
 from ..log.records import (
     BEST_SO_FAR,
     MONITOR_PREFIX,
+    SAMPLES_PER_SECOND,
     TIMING_RECORDS,
     RecordReader,
     counted,
@@ -56,6 +57,14 @@ class Printing(Extension):
         Epoch 1/20 · 0.41 s · train_acc 0.6123 · valid_acc 0.8111 · valid_ce 0.6521
         Batch 30/47 · epoch 2/20 · 0.21 s · train_acc 0.7828      (with every_n_batches)
         Training finished after 20 epochs and 940 batches (8.21 s): FinishAfter: 20 epochs done.
+
+    A batch line shows Timing's ``samples_per_second`` after the seconds where the
+    row has it: with ``Timing(every_n_batches=20)``,
+    ``TrainingMonitoring("acc", every_n_batches=20)`` and ``Printing(every_n_batches=20)``,
+    ``mx.callback.Speedometer(batch_size, 20)``'s line (the accuracy over those 20
+    batches; the epoch's line keeps the epoch's)::
+
+        Batch 20/47 · epoch 1/20 · 0.05 s · 12804 samples/s · train_acc 0.7828
 
     ``Epoch i/N``: N is the fewest :attr:`~Extension.planned_epochs` of the loop's
     extensions (a :class:`~mxoid.extensions.FinishAfter`'s epoch limit), when one plans.
@@ -164,7 +173,8 @@ class Printing(Extension):
             batches = batches_per_epoch(loop.train_data)
             return self._with_records(
                 f"Batch {status.iterations_done_in_epoch}{f'/{batches}' if batches else ''}"
-                f"{SEPARATOR}epoch {self._of_epochs(status.epochs_done + 1)}"
+                f"{SEPARATOR}epoch {self._of_epochs(status.epochs_done + 1)}",
+                speed=True,
             )
         if which_callback == "after_training":
             if status.interrupted:
@@ -180,10 +190,17 @@ class Printing(Extension):
         limits = [epochs for epochs in planned if epochs is not None]
         return f"{epoch}/{min(limits)}" if limits else str(epoch)
 
-    def _with_records(self, head: str) -> str:
-        """``head · seconds of the epoch · records``."""
+    def _with_records(self, head: str, speed: bool = False) -> str:
+        """``head · seconds of the epoch · records``.
+
+        ``speed``: after the seconds, Timing's ``samples_per_second`` where the row has it
+        (``1234 samples/s``, as ``mx.callback.Speedometer`` prints it).
+        """
         seconds = format_seconds(perf_counter() - self._epoch_started)
         row = self.main_loop.log.get(self.main_loop.status.iterations_done, {})
+        rate = row.get(SAMPLES_PER_SECOND) if speed else None
+        if isinstance(rate, (int, float, np.number)) and np.isfinite(rate):
+            seconds = f"{seconds}{SEPARATOR}{float(rate):.0f} samples/s"
         numbers = {
             name: value
             for name, value in row.items()

@@ -199,9 +199,16 @@ def format_value(value: Any, digits: int = 6, zeros: bool = False) -> str:
     """Return a short text for a record value: floats with ``digits`` significant digits.
 
     ``zeros=True`` keeps the trailing zeros (``0.9300`` rather than ``0.93``).
+    A value of more digits before the point is rounded to a whole number, never
+    written in e-notation (``12346``, not ``1.235e+04``: samples per second).
+
+    >>> format_value(12345.6, digits=4), format_value(0.93, digits=4, zeros=True)
+    ('12346', '0.9300')
     """
     value = plain_value(value)
     if isinstance(value, float) and math.isfinite(value):
+        if abs(value) >= 10**digits:
+            return f"{value:.0f}"
         return f"{value:{'#' if zeros else ''}.{digits}g}"
     return str(value)
 

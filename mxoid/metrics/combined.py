@@ -73,12 +73,27 @@ class Accumulators:
         resumption, by key; their totals count too, and they become the states
         after this read and a reset.
         """
+        return self.values_of(self.totals(reduce, pending))
+
+    def totals(
+        self, reduce: Optional[Reducer] = None, pending: Optional[Dict[str, Dict]] = None
+    ) -> np.ndarray:
+        """Return each metric's ``(sum, count)`` over the batches of every accumulator.
+
+        Summed over the workers by ``reduce``; ``pending`` as for :meth:`values`.
+        Totals of several reads add up: :meth:`values_of` their sum is the
+        value over all their batches.
+        """
         totals = sum(accumulator.totals() for accumulator in self)
         for key, state in list((pending or {}).items()):
             more, pending[key] = totals_of_state(self.first, state)
             totals = totals + more
         if reduce is not None:
             totals = np.asarray(reduce(totals), dtype=np.float64)
+        return np.asarray(totals, dtype=np.float64)
+
+    def values_of(self, totals: np.ndarray) -> List[float]:
+        """Return each metric's value of ``(sum, count)`` totals (:meth:`totals`)."""
         return [
             metric.value(float(total), float(count))
             for metric, (total, count) in zip(self.first.metrics, totals)

@@ -219,13 +219,16 @@ def test_training_monitoring_equals_mxnet_accuracy_and_per_sample_means(n):
         [monitoring, recorder, FinishAfter(after_n_epochs=2)], train=iterator(X, y, 20)
     )
     loop.run()
-    # Writes at batches 3, 6, 9 (every 3) and 5, 10 (epoch ends), each over the batches since
-    # the previous write.
+    # Writes at batches 3, 6, 9 (every 3), each over the batches since the previous write,
+    # and 5, 10 (epoch ends), each over its whole epoch (as Module.fit's Train-accuracy:
+    # issue 40 made the epoch's figure the epoch's; it was the batches since the last write).
     written = sorted(i for i, row in loop.log.items() if "train_softmax_accuracy" in row)
     assert written == [3, 5, 6, 9, 10]
-    start = 0
+    start = epoch_start = 0
     for end in written:
-        window = [b for b in recorder.batches if start < b["iteration"] <= end]
+        epoch_end = end in loop.log.epoch_ends
+        first = epoch_start if epoch_end else start
+        window = [b for b in recorder.batches if first < b["iteration"] <= end]
         accuracy = mx.metric.Accuracy()
         for b in window:
             accuracy.update([mx.nd.array(b["y"])], [mx.nd.array(b["prob"])])
@@ -244,6 +247,7 @@ def test_training_monitoring_equals_mxnet_accuracy_and_per_sample_means(n):
         )
         assert row["train_reg_mse"] == pytest.approx(np.mean((target - reg) ** 2), rel=1e-5)
         start = end
+        epoch_start = end if epoch_end else epoch_start
 
 
 # ------------------------------------------- the training graph computes the values
@@ -581,7 +585,8 @@ def test_two_metric_extensions_writing_the_same_records_are_refused_naming_both(
 
 def test_a_second_training_monitoring_with_its_own_prefix_writes_its_windows_beside():
     # Its records equal MXNet's metric over each window of 3 batches, and the epoch
-    # records stay those of the whole epoch.
+    # records stay those of the whole epoch: the window extension's too, at the epoch's end
+    # (issue 40: an epoch's write covers the epoch, as Module.fit's Train-accuracy).
     X, y = dataset("train", 100)
     recorder = OutputRecorder()
     epochs = TrainingMonitoring({"softmax": ["acc", "ce"]})
@@ -591,7 +596,7 @@ def test_a_second_training_monitoring_with_its_own_prefix_writes_its_windows_bes
     )
     loop.run()
     assert [i for i, row in loop.log.items() if "window_softmax_accuracy" in row] == [3, 5]
-    for start, end in ((0, 3), (3, 5)):
+    for start, end in ((0, 3), (0, 5)):
         accuracy = mx.metric.Accuracy()
         for b in recorder.batches[start:end]:
             accuracy.update([mx.nd.array(b["y"])], [mx.nd.array(b["prob"])])
@@ -684,3 +689,63 @@ def test_an_evaluation_repeated_gives_the_same_records_to_the_last_digit():
     first = evaluate.evaluate()
     for _ in range(12):
         assert evaluate.evaluate() == first
+
+
+def test_the_speedometer_recipe_prints_speed_and_windows_and_epochs_keep_module_fits_accuracy(
+    capsys,
+):
+    """``Timing``, ``TrainingMonitoring`` and ``Printing`` every 6 batches, as
+    ``mx.callback.Speedometer(batch_size, 6)``: each batch line says the samples per second
+    (plain digits) and the accuracy over its 6 batches; the epoch's ``train_accuracy`` is the
+    epoch's, equal to ``Module.fit``'s ``Train-accuracy`` on the same run (windows of 6 end
+    mid-epoch: 20 batches an epoch)."""
+    import logging
+    import re
+
+    from mxoid import Printing, Timing
+
+    X, y = classification_data(n=400, seed=4)
+    net = mlp()
+    params = initial_params(net, (20, 10))
+
+    def batches():
+        np.random.seed(11)
+        return mx.io.NDArrayIter(X, y, batch_size=20, shuffle=True, label_name="softmax_label")
+
+    loop = MainLoop(
+        net,
+        batches(),
+        optimizer_params={"learning_rate": 0.05},
+        arg_params=params,
+        extensions=[
+            FinishAfter(after_n_epochs=3),
+            Timing(every_n_batches=6),
+            TrainingMonitoring("acc", every_n_batches=6),
+            Printing(every_n_batches=6),
+        ],
+    ).run()
+    lines = capsys.readouterr().out.splitlines()
+    shape = (
+        r"Batch \d+/20 · epoch \d/3 · \d+\.\d\d s · \d+ samples/s · train_acc (0\.\d{4}|1\.000)$"
+    )
+    batch_lines = [line for line in lines if line.startswith("Batch ")]
+    assert len(batch_lines) == 10 and all(re.match(shape, line) for line in batch_lines)
+    epoch_rows = [loop.log[i] for i in loop.log.epoch_ends]
+
+    said = []
+
+    class Lines(logging.Handler):
+        def emit(self, record):
+            said.append(record.getMessage())
+
+    logger = logging.getLogger("module-fit-train-accuracy")
+    logger.addHandler(Lines())
+    logger.setLevel(logging.INFO)
+    module = mx.mod.Module(mlp(), context=[mx.cpu()], logger=logger)
+    module.fit(batches(), num_epoch=3, optimizer_params={"learning_rate": 0.05}, arg_params=params)
+    theirs = [float(m.split("=")[1]) for m in said if "Train-accuracy" in m]
+    ours = [row["train_accuracy"] for row in epoch_rows]
+    assert len(theirs) == 3 and ours == pytest.approx(theirs, abs=1e-6)  # Module prints %f
+    # The windows' records are the windows': the 18th batch's covers batches 13-18 alone.
+    window = loop.log[18]["train_accuracy"]
+    assert window != pytest.approx(ours[0], abs=1e-9) or ours[0] == 1.0
