@@ -47,12 +47,18 @@ a host file (-H), or as the tasks of one srun (--slurm). Output lines are
 prefixed with the process's role, launch index and host (ranks, kv.rank, are
 assigned later by the scheduler).
 
-Exit status: the workers' (0 when every worker succeeded). When any process
-fails or dies, the others get the grace period to end, then SIGTERM, then
-SIGKILL after another grace period, and the status is non-zero, with a
-one-line reason: the failed worker's status, 128+N when a worker was killed
-by signal N, 124 after --timeout or --stall-timeout, 1 when the scheduler, a
-server or an SSH connection failed.
+What ends a job: the workers ending (all with status 0), or any process
+failing or dying; then the others get the grace period to end, then SIGTERM,
+then SIGKILL after another grace period, and the last line gives the reason.
+Exit status:
+  0        every worker succeeded
+  N        a worker failed with status N (its own)
+  128+N    a worker was killed by signal N, or every worker stopped cleanly
+           after signal N (Ctrl-C: 130, SIGTERM: 143)
+  124      --timeout or --stall-timeout
+  1        the scheduler, a server or an SSH connection failed (ssh's 255
+           too), a worker ended alone with status 0, or a host cannot run it
+  2        wrong arguments; with --slurm, a task's check failed (every task)
 
 --stall-timeout S (default 300; 0: never): the job is stalled when, for S
 seconds, no process wrote any output and no process used any CPU time
