@@ -17,8 +17,10 @@ its standard input, which is the SSH connection:
   the process group: SIGTERM, then SIGKILL after ``--grace`` seconds.
 
 The agent exits with COMMAND's status (128 + N when a signal N ended it), so
-ssh does. Every few seconds it writes the CPU time of COMMAND on stderr, in a
-line the launcher reads and hides (its stall timeout). With ``--scheduler``,
+ssh does, and first says COMMAND's own return code (``exited -15`` for a
+SIGTERM, ``exited 143`` for a clean stop that exits so). Every few seconds
+it writes the CPU time of COMMAND on stderr, in a line the launcher reads
+and hides (its stall timeout). With ``--scheduler``,
 it first finds a free port on ``DMLC_PS_ROOT_URI``, starts COMMAND with it
 as ``DMLC_PS_ROOT_PORT`` and says so when COMMAND listens there (retrying
 another port when COMMAND cannot bind it). ``--check DIR ADDRESS`` prints the
@@ -252,6 +254,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         agent.start(env)
     status = agent.supervise()
+    _say("exited", agent.child.returncode)  # the launcher tells exit(143) from a SIGTERM
     if agent.child is not None and agent.child.returncode < 0 and not agent.ending:
         name = signal.Signals(-agent.child.returncode).name
         _note(f"{command[0]} (pid {agent.child.pid}) was killed by {name}")

@@ -212,11 +212,20 @@ def check_hosts(
 def _judge(host: Host, status: int, out: str, err: bytes, here: Dict[str, object]) -> None:
     """Raise HostError when the answer of ``host`` to the check says it cannot run the job."""
     said = " ".join(err.decode(errors="replace").split())[-400:]
+    port = f"-p {host.ssh_port} " if host.ssh_port else ""
+    if status == 255 and "Connection refused" in said:
+        raise HostError(
+            f"host {host}: cannot log in through SSH without a prompt: nothing accepts SSH "
+            f"connections on port {host.ssh_port or 22} there ({said}). Fix: start sshd there, or "
+            "write the port its sshd listens on in the host file (HOST:PORT); check with "
+            f"'ssh {port}{host.name} true' (then, if it asks for a password: ssh-copy-id "
+            f"{host.name} with that port)"
+        )
     if status == 255:
         raise HostError(
             f"host {host}: cannot log in through SSH without a prompt ({said or 'ssh failed'}). "
-            f"Fix: set up key authentication (ssh-copy-id {host.name}), accept its host key once "
-            f"(ssh {host.name} true), or give the right --ssh-command"
+            f"Fix: set up key authentication (ssh-copy-id {port}{host.name}), accept its host "
+            f"key once (ssh {port}{host.name} true), or give the right --ssh-command"
         )
     if status == 127 or "No such file or directory" in said and not out:
         raise HostError(

@@ -36,6 +36,7 @@ from typing import BinaryIO, Dict, List, Optional, Sequence
 
 from .hosts import Host, HostError, Remote, check_hosts, parse_host_file, place
 from .processes import DEFAULT_STALL_TIMEOUT, EXIT_FAILURE, SCHEDULER_START_SECONDS, Job
+from .slurm_check import CHECK_TIMEOUT
 
 __all__ = ["launch", "main"]
 
@@ -46,12 +47,18 @@ a host file (-H), or as the tasks of one srun (--slurm). Output lines are
 prefixed with the process's role, launch index and host (ranks, kv.rank, are
 assigned later by the scheduler).
 
-Exit status: the workers' (0 when every worker succeeded). When any process
-fails or dies, the others get the grace period to end, then SIGTERM, then
-SIGKILL after another grace period, and the status is non-zero, with a
-one-line reason: the failed worker's status, 128+N when a worker was killed
-by signal N, 124 after --timeout or --stall-timeout, 1 when the scheduler, a
-server or an SSH connection failed.
+What ends a job: the workers ending (all with status 0), or any process
+failing or dying; then the others get the grace period to end, then SIGTERM,
+then SIGKILL after another grace period, and the last line gives the reason.
+Exit status:
+  0        every worker succeeded
+  N        a worker failed with status N (its own)
+  128+N    a worker was killed by signal N, or every worker stopped cleanly
+           after signal N (Ctrl-C: 130, SIGTERM: 143)
+  124      --timeout or --stall-timeout
+  1        the scheduler, a server or an SSH connection failed (ssh's 255
+           too), a worker ended alone with status 0, or a host cannot run it
+  2        wrong arguments; with --slurm, a task's check failed (every task)
 
 --stall-timeout S (default 300; 0: never): the job is stalled when, for S
 seconds, no process wrote any output and no process used any CPU time
@@ -81,7 +88,12 @@ after 15 s without an answer) fails the job like a dead process.
 
 SLURM, --slurm: run as every task of one srun of 1 + SERVERS + WORKERS
 tasks; task 0 is the scheduler (on the step's first node), tasks 1..SERVERS
-the servers, the others the workers. Use srun --kill-on-bad-exit=1."""
+the servers, the others the workers. Use srun --kill-on-bad-exit=1. Before
+anything binds, every task checks in with task 0 (within --check-timeout):
+a wrong SLURM_PROCID, tasks that disagree on the job, or a port in use end
+every task with status 2 and the same error. The scheduler and servers
+ignore SIGTERM, so that the workers can stop cleanly, but their task ends
+them --grace seconds (default 60 under --slurm) after the first SIGTERM."""
 
 
 def _carried(names: Sequence[str]) -> Dict[str, str]:
@@ -236,9 +248,17 @@ def _parser() -> argparse.ArgumentParser:
     add(
         "--grace",
         type=float,
-        default=3.0,
         metavar="S",
-        help="seconds before SIGTERM, then before SIGKILL (default 3)",
+        help="seconds before SIGTERM, then before SIGKILL (default 3); with --slurm, seconds "
+        "the scheduler and servers keep serving after SIGTERM (default 60)",
+    )
+    add(
+        "--check-timeout",
+        type=float,
+        metavar="S",
+        default=CHECK_TIMEOUT,
+        help="with --slurm: seconds every task has to check in with task 0 before anything "
+        f"binds (default {CHECK_TIMEOUT:g})",
     )
     add("-H", "--hosts", metavar="HOSTFILE", help="run on these hosts, through SSH")
     add("--scheduler-host", metavar="HOST", help="the scheduler's host (default: the first)")
@@ -290,9 +310,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.slurm:
         if args.hosts is not None:
             parser.error("--slurm and --hosts exclude each other: SLURM places the tasks")
-        from .slurm import run_slurm_task
+        from .slurm import STOP_GRACE, run_slurm_task
 
-        return run_slurm_task(command, args.num_workers, args.num_servers)
+        return run_slurm_task(
+            command,
+            args.num_workers,
+            args.num_servers,
+            check_timeout=args.check_timeout,
+            grace=STOP_GRACE if args.grace is None else args.grace,
+        )
     if args.num_workers is None or args.num_workers < 1:
         parser.error("give the number of workers, -n WORKERS (at least 1)")
     if args.timeout is not None and args.timeout <= 0:
@@ -310,7 +336,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         args.num_servers,
         timeout=args.timeout,
         stall_timeout=args.stall_timeout or None,
-        grace=args.grace,
+        grace=3.0 if args.grace is None else args.grace,
         hosts=args.hosts,
         ssh_command=args.ssh_command,
         scheduler_host=args.scheduler_host,

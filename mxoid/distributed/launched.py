@@ -98,6 +98,7 @@ class LaunchedProcess:
         self.errors: List[str] = []  # its error lines on stderr (an exception's last line)
         self.remote_ticks = 0  # the CPU ticks its agent reported
         self.listening_port: Optional[int] = None  # a remote scheduler's, once it listens
+        self.remote_code: Optional[int] = None  # a remote command's own return code, as told
         self.heartbeat_sent = 0.0
 
     @property
@@ -176,12 +177,18 @@ class LaunchedProcess:
             return f"the SSH connection of {what} was lost or refused" + (
                 f": {said}" if said else ""
             )
-        if self.host is not None and code is not None and code > 128:
+        if (
+            self.host is not None
+            and code is not None
+            and code > 128
+            and (self.remote_code or -1) < 0
+        ):
             try:
                 return f"{what} was killed by {signal.Signals(code - 128).name} on {self.host}"
             except ValueError:
                 pass
-        return f"{what} exited with status {code}" + (f": {said}" if said and code else "")
+        where = f" on {self.host}" if self.host is not None and self.remote_code is not None else ""
+        return f"{what} exited with status {code}{where}" + (f": {said}" if said and code else "")
 
     def error_summary(self) -> str:
         """Return the error the process reported last: an exception's message, preferably."""
@@ -192,6 +199,10 @@ class LaunchedProcess:
         """Its exit status as a shell reports it: 128 + N when killed by signal N."""
         code = self.popen.returncode
         return 128 - code if code < 0 else code
+
+    def job_status(self) -> int:
+        """Return the job's status when this process ends it: 1 for a lost SSH connection."""
+        return 1 if self.host is not None and self.popen.returncode == 255 else self.exit_status()
 
 
 def free_port() -> int:

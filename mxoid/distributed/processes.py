@@ -256,6 +256,8 @@ class Job:
                 process.remote_ticks = int(words[1])
             elif words[:1] == ["listening"] and words[1:2] and words[1].isdigit():
                 process.listening_port = int(words[1])
+            elif words[:1] == ["exited"] and words[1:2] and words[1].lstrip("-").isdigit():
+                process.remote_code = int(words[1])  # 143: it exited so, not killed by SIGTERM
         return b"\n".join(kept)
 
     def write(self, process: LaunchedProcess, fd: int, data: bytes) -> None:
@@ -331,7 +333,7 @@ class Job:
             for process in workers:
                 if process.running() or process.popen.returncode == 0:
                     continue
-                status = process.exit_status()
+                status = process.job_status()
                 if status - 128 in (signal.SIGINT, signal.SIGTERM):
                     stopping = stopping or (time.monotonic(), process)
                 else:

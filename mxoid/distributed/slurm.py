@@ -4,8 +4,10 @@ Inside an allocation (``sbatch`` or ``salloc``)::
 
     srun --ntasks=4 --kill-on-bad-exit=1 mxoid launch --slurm -n 2 -s 1 -- python train.py
 
-starts N = 1 + S + W tasks; each one reads the variables ``srun`` sets and,
-without talking to the others, becomes:
+starts N = 1 + S + W tasks; each one reads the variables ``srun`` sets,
+checks them (``SLURM_PROCID`` an integer below ``SLURM_NTASKS``, 1 + S + W
+tasks), checks with task 0 that every task sees the same job
+(:mod:`mxoid.distributed.slurm_check`, before anything binds), and becomes:
 
 - task ``SLURM_PROCID`` 0: the ps-lite scheduler, on the first node of
   ``SLURM_STEP_NODELIST`` (else ``SLURM_JOB_NODELIST``), expanded here
@@ -17,13 +19,14 @@ without talking to the others, becomes:
 - each task's own address (``DMLC_NODE_HOST``): ``SLURMD_NODENAME``'s,
   unless ``DMLC_NODE_HOST`` or ``DMLC_INTERFACE`` is set already.
 
-The task then *is* its process (``exec``): ``srun`` watches it, and
+A worker task then *is* its process (``exec``): ``srun`` watches it, and
 ``--kill-on-bad-exit=1`` ends every task when one fails. A wrong task count
-is an error on every task. The scheduler and the servers ignore SIGINT and
-SIGTERM: SLURM signals every task of the step at its time limit or at
-``scancel``, and the workers need them to agree on a stop and save a
-checkpoint; they end by themselves once the workers have, or by SIGKILL
-(after SLURM's ``KillWait``).
+or a task that disagrees is an error on every task (status 2). The scheduler
+and the servers run as children that ignore SIGINT and SIGTERM: SLURM
+signals every task of the step at its time limit or at ``scancel``, and the
+workers need them to agree on a stop and save a checkpoint. They end by
+themselves once the workers have; ``--grace`` seconds (60 by default) after
+the first signal their task ends them, so that none outlives a failed job.
 """
 
 from __future__ import annotations
@@ -34,15 +37,21 @@ import os
 import re
 import signal
 import socket
+import subprocess
 import sys
+import time
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .launched import SCHEDULER_CODE
+from .launched import EXEC_CODE, SCHEDULER_CODE
+from .slurm_check import CHECK_TIMEOUT, CheckError, check_in, gather_tasks, job_shape
 
 __all__ = ["SlurmError", "expand_nodelist", "run_slurm_task", "slurm_port", "slurm_task"]
 
 PORT_BASE = 10000
 PORT_SPAN = 22000  # 10000-31999: below Linux's ephemeral ports (32768-60999)
+STOP_GRACE = 60.0
+"""Seconds the scheduler and servers keep serving after SIGTERM (``--grace`` under SLURM)."""
+REPORT_SECONDS = 10.0  # a task whose own check failed tries this long to tell task 0
 
 
 class SlurmError(ValueError):
@@ -139,6 +148,28 @@ def _own_address(node: str, root: str) -> str:
     return address
 
 
+def _procid_and_ntasks(env: Mapping[str, str]) -> Tuple[int, int]:
+    """Return ``SLURM_PROCID`` and ``SLURM_NTASKS``: integers, the first below the second."""
+    missing = [name for name in ("SLURM_PROCID", "SLURM_NTASKS") if not env.get(name, "").strip()]
+    if missing:
+        raise SlurmError(
+            f"{' and '.join(missing)} not set: run 'mxoid launch --slurm' as a task of srun "
+            "(srun --ntasks=N mxoid launch --slurm ...)"
+        )
+    for name in ("SLURM_PROCID", "SLURM_NTASKS"):
+        if not env[name].strip().isdigit():
+            raise SlurmError(
+                f"{name} is {env[name]!r}, not an integer: srun sets it; do not set it by hand"
+            )
+    rank, tasks = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+    if tasks < 1 or rank >= tasks:
+        raise SlurmError(
+            f"SLURM_PROCID {rank} is not a task of SLURM_NTASKS {tasks} (0 to {tasks - 1}): "
+            "srun sets both; do not set them by hand"
+        )
+    return rank, tasks
+
+
 def slurm_task(
     env: Mapping[str, str], num_workers: Optional[int], num_servers: int
 ) -> Tuple[str, int, Dict[str, str]]:
@@ -147,15 +178,10 @@ def slurm_task(
     Raises
     ------
     SlurmError
-        When a SLURM variable is missing, or the task count is not 1 + S + W.
+        When a SLURM variable is missing or not an integer, ``SLURM_PROCID`` is
+        not below ``SLURM_NTASKS``, or the task count is not 1 + S + W.
     """
-    missing = [name for name in ("SLURM_PROCID", "SLURM_NTASKS") if not env.get(name, "").isdigit()]
-    if missing:
-        raise SlurmError(
-            f"{' and '.join(missing)} not set: run 'mxoid launch --slurm' as a task of srun "
-            "(srun --ntasks=N mxoid launch --slurm ...)"
-        )
-    rank, tasks = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+    rank, tasks = _procid_and_ntasks(env)
     workers = tasks - 1 - num_servers if num_workers is None else num_workers
     if workers < 1 or tasks != 1 + num_servers + workers:
         raise SlurmError(
@@ -190,14 +216,68 @@ def slurm_task(
     return "worker", rank - 1 - num_servers, variables
 
 
-def run_slurm_task(command: Sequence[str], num_workers: Optional[int], num_servers: int) -> int:
-    """Become this task's process (``exec``); return 2 after a :class:`SlurmError`, said."""
-    env = dict(os.environ)
+def _check_address(env: Mapping[str, str]) -> Tuple[str, int]:
+    """Return task 0's address and port, for a task whose own variables are wrong."""
+    nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
+    if not nodes:
+        raise SlurmError("no node list")
+    return _address(nodes[0]), slurm_port(env)
+
+
+def _check_tasks(
+    env: Mapping[str, str], num_workers: Optional[int], num_servers: int, check_timeout: float
+) -> Tuple[str, int, Dict[str, str]]:
+    """Return this task's role, index and variables once every task agrees on the job.
+
+    Raises
+    ------
+    SlurmError
+        This task's own error (said to task 0 too, when it can be reached), or
+        the job's, the same on every task.
+    """
     try:
         role, index, variables = slurm_task(env, num_workers, num_servers)
     except SlurmError as error:
+        if env.get("SLURM_PROCID", "").strip() == "0":
+            raise
+        try:
+            root, port = _check_address(env)
+        except SlurmError:
+            raise error from None
+        shape = job_shape(env, num_workers, num_servers, root, port)
+        check_in(shape, min(check_timeout, REPORT_SECONDS), error=str(error))
+        raise
+    root, port = variables["DMLC_PS_ROOT_URI"], int(variables["DMLC_PS_ROOT_PORT"])
+    shape = job_shape(env, num_workers, num_servers, root, port)
+    try:
+        if role == "scheduler":
+            gather_tasks(shape, int(env["SLURM_NTASKS"]), check_timeout)
+        else:
+            check_in(shape, check_timeout)
+    except CheckError as error:
+        raise SlurmError(str(error)) from None
+    return role, index, variables
+
+
+def run_slurm_task(
+    command: Sequence[str],
+    num_workers: Optional[int],
+    num_servers: int,
+    check_timeout: float = CHECK_TIMEOUT,
+    grace: float = STOP_GRACE,
+) -> int:
+    """Run this task's process once every task agrees; return 2 after a :class:`SlurmError`.
+
+    A worker becomes its command (``exec``); the scheduler and the servers run
+    under this process (:func:`_serve`), which ends them ``grace`` seconds after
+    a SIGTERM or SIGINT.
+    """
+    env = dict(os.environ)
+    try:
+        role, index, variables = _check_tasks(env, num_workers, num_servers, check_timeout)
+    except SlurmError as error:
         task = env.get("SLURM_PROCID", "?")
-        print(f"mxoid launch --slurm (task {task}): error: {error}", file=sys.stderr)
+        print(f"mxoid launch --slurm (task {task}): error: {error}", file=sys.stderr, flush=True)
         return 2
     env.update(variables)
     env.pop("DMLC_ROLE", None)
@@ -209,9 +289,6 @@ def run_slurm_task(command: Sequence[str], num_workers: Optional[int], num_serve
         argv = list(command)
     if role != "server":
         env["DMLC_ROLE"] = role
-    if role != "worker":  # ignored signals stay ignored across exec
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     print(
         f"mxoid launch --slurm: task {env['SLURM_PROCID']} on "
         f"{env.get('SLURMD_NODENAME', socket.gethostname())} is {role} {index}; scheduler at "
@@ -220,9 +297,49 @@ def run_slurm_task(command: Sequence[str], num_workers: Optional[int], num_serve
         flush=True,
     )
     sys.stdout.flush()
+    if role != "worker":
+        return _serve(argv, env, grace, f"{role} {index}")
     try:
         os.execvpe(argv[0], argv, env)
     except OSError as error:
         print(f"mxoid launch --slurm: cannot run {argv[0]!r}: {error}", file=sys.stderr)
         return 127
     return 0  # not reached
+
+
+def _serve(argv: Sequence[str], env: Dict[str, str], grace: float, label: str) -> int:
+    """Run the scheduler or a server as a child that ignores SIGINT and SIGTERM; its status.
+
+    SLURM signals every task at its time limit or at ``scancel``, and the
+    workers then still need the servers to agree on a stop and save. So the
+    child keeps serving, and ends by itself after the workers; but ``grace``
+    seconds after the first signal (the job is ending, or failed: no role
+    outlives it), this process SIGKILLs the child and exits with 128 + N.
+    """
+    signalled: List[int] = []
+    previous = {
+        number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)
+    }
+    wrapped = [sys.executable, "-S", "-c", EXEC_CODE, str(os.getpid()), *argv]
+    try:
+        child = subprocess.Popen(wrapped, env=env, start_new_session=True)
+    finally:
+        for number in previous:  # the child keeps ignoring them; this process hears them
+            signal.signal(number, lambda number, frame: signalled.append(number))
+    first = None
+    while child.poll() is None:
+        if signalled and first is None:
+            first = time.monotonic()
+        if first is not None and time.monotonic() - first > grace:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+            name = signal.Signals(signalled[0]).name
+            print(
+                f"mxoid launch --slurm: the {label} still ran {grace:g} s after {name} "
+                "(--grace): ended it",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 128 + signalled[0]
+        time.sleep(0.1)
+    return 128 - child.returncode if child.returncode < 0 else child.returncode

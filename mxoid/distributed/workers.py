@@ -3,8 +3,11 @@
 That is: exchanges with the other workers, and the checks and the endings
 that keep a job from hanging.
 
-- :func:`allgather` and :func:`allreduce_sums`: exact exchanges of numbers
-  through the servers' reduction keys (see :mod:`mxoid.distributed.servers`);
+- :func:`allgather` and :func:`allreduce_sums`: exact exchanges of float64
+  numbers through the servers' reduction keys (see
+  :mod:`mxoid.distributed.servers`), every value carried bit for bit as three
+  integers below 2^24 (the servers' arithmetic is float32, which holds those
+  exactly: 2^24 + 1 itself would come back as 2^24);
   the metric extensions sum their totals with them, and the loop agrees on
   stopping with them (:func:`agree_to_stop`); :func:`allgather_json`: every
   worker's plain data (a checkpoint's per-rank states), and
@@ -72,6 +75,8 @@ DIFFERENT_CHECKPOINTS = (
 )
 _JSON_CHUNK = 1 << 16  # float64 values an allgather_json call carries at most
 _BYTES_PER_VALUE = 3  # 24-bit integers: exact even where the servers hold float32 copies
+_PARTS = 3  # a float64's 64 bits travel as three integers below 2^24 (24 + 24 + 16 bits)
+_PART_BITS = 24
 NOT_SET_UP = (
     "this kvstore has no mxoid servers set up yet: create the MainLoop (or call "
     "set_server_optimizer) before reducing across workers, so that reduction keys are "
@@ -84,7 +89,9 @@ def allgather(kvstore: Optional[mx.kv.KVStore], name: str, values: Any) -> np.nd
 
     A collective call: every worker must make it, in the same order, with
     the same ``name`` and the same number of values. Without a distributed
-    kvstore it returns ``values`` as the only row.
+    kvstore it returns ``values`` as the only row. Every value comes back bit
+    for bit (counts above 2^24 included): it travels as three integers below
+    2^24, which the servers' float32 arithmetic holds exactly.
 
     Parameters
     ----------
@@ -109,7 +116,37 @@ def allgather(kvstore: Optional[mx.kv.KVStore], name: str, values: Any) -> np.nd
     shape = values.shape
     if not is_distributed(kvstore):
         return values[None, ...]
-    values = values.ravel()
+    rows = _gather_rows(kvstore, name, split_exactly(values.ravel()))
+    return join_exactly(rows).reshape((kvstore.num_workers,) + shape)
+
+
+def split_exactly(values: np.ndarray) -> np.ndarray:
+    """Return float64 ``values`` as three times as many integers below 2^24 (exact in float32).
+
+    >>> split_exactly(np.array([2.0**24 + 1])).astype(int).tolist()
+    [0, 16, 16752]
+    """
+    bits = np.ascontiguousarray(values, dtype=np.float64).view(np.uint64)
+    mask = np.uint64((1 << _PART_BITS) - 1)
+    parts = [(bits >> np.uint64(_PART_BITS * n)) & mask for n in range(_PARTS)]
+    return np.stack(parts, axis=-1).reshape(-1).astype(np.float64)
+
+
+def join_exactly(rows: np.ndarray) -> np.ndarray:
+    """Return the float64 values :func:`split_exactly` made each row of ``rows`` from."""
+    ints = rows.astype(np.uint64).reshape(rows.shape[:-1] + (-1, _PARTS))
+    bits = np.zeros(ints.shape[:-1], dtype=np.uint64)
+    for n in range(_PARTS):
+        bits |= ints[..., n] << np.uint64(_PART_BITS * n)
+    return bits.view(np.float64)
+
+
+def _gather_rows(kvstore: mx.kv.KVStore, name: str, values: np.ndarray) -> np.ndarray:
+    """Return every worker's 1-d ``values``, one row per rank.
+
+    Exact only for values float32 holds exactly (integers below 2^24): the
+    servers' arithmetic is float32.
+    """
     size = values.size
     key = _reduction_key(kvstore, name, size)
     rows = np.zeros((kvstore.num_workers, size + 1))
@@ -126,11 +163,14 @@ def allgather(kvstore: Optional[mx.kv.KVStore], name: str, values: Any) -> np.nd
         kvstore._barrier()
     if not (gathered[:, size] == MERGED).all():
         raise RuntimeError(SERVERS_NOT_MXOID)
-    return gathered[:, :size].reshape((kvstore.num_workers,) + shape)
+    return gathered[:, :size]
 
 
 def allreduce_sums(kvstore: Optional[mx.kv.KVStore], name: str, values: Any) -> np.ndarray:
     """Sum ``values`` over the workers; every worker gets the same, bit-identical sums.
+
+    The sums are float64 sums, in rank order, of every worker's exact values
+    (:func:`allgather`): what one process would compute from the same numbers.
 
     A collective call, like :func:`allgather`; the result has the shape of
     ``values``. :func:`prepare_workers` makes it the ``reduce`` of the metric
@@ -171,7 +211,7 @@ def allgather_json(kvstore: Optional[mx.kv.KVStore], name: str, value: Any) -> L
         part = np.zeros(size)
         piece = packed[start : start + size]
         part[: len(piece)] = piece
-        parts.append(allgather(kvstore, f"{name}/json", part))
+        parts.append(_gather_rows(kvstore, f"{name}/json", part))  # already 24-bit integers
     rows = np.concatenate(parts, axis=1)
     return [json.loads(_unpack(row, length)) for row, length in zip(rows, lengths)]
 

@@ -122,6 +122,7 @@ def test_a_killed_remote_worker_or_ssh_session_ends_the_job_everywhere(
         assert launcher.returncode == 128 + signal.SIGKILL
     else:
         assert "worker 1 on 127.0.0.3" in reason, err
+        assert launcher.returncode == 1, err  # as documented: not ssh's own 255
 
 
 def test_sigterm_to_the_launcher_stops_every_remote_worker_cleanly(tmp_path, job_env, hosts):
@@ -142,3 +143,6 @@ def test_sigterm_to_the_launcher_stops_every_remote_worker_cleanly(tmp_path, job
         assert f"on {host}] Training interrupted by SIGTERM after" in err, err
     assert [path for path in checkpoints.iterdir() if not path.name.startswith(".")], err
     assert not marked_processes(job_env)
+    last_line = err.strip().splitlines()[-1]
+    assert "killed by SIGTERM" not in last_line, err  # the workers exited 143 themselves
+    assert "exited with status 143 on 127.0.0." in last_line, err

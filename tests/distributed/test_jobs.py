@@ -7,6 +7,7 @@ on each worker's shard of a validation set. The helpers of
 tested in this process.
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from mxoid import Evaluate, FinishAfter, MainLoop, distributed
 from mxoid.data.position import batches_per_epoch
 from mxoid.distributed import ServerOptimizer, allgather, allreduce_sums
 from mxoid.distributed.sharding import shard, shard_arrays
+from mxoid.distributed.workers import join_exactly, split_exactly
 
 SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
@@ -217,6 +219,33 @@ def test_reductions_without_a_distributed_kvstore_return_this_workers_values():
     np.testing.assert_array_equal(allreduce_sums(None, "metrics", totals), totals)
     assert allgather(mx.kv.create("local"), "x", totals).shape == (1, 2, 2)
     assert allreduce_sums(None, "count", 5).shape == ()
+
+
+def test_distributed_sums_are_exact_in_float64_across_two_workers(tmp_path, job_env):
+    """Issue 39.3: the servers' arithmetic is float32 (2^24 + 1 came back as 2^24)."""
+    import sums_worker
+
+    job = run_job(tmp_path, [sys.executable, SCRIPTS / "sums_worker.py", tmp_path], timeout=120)
+    assert job.status == 0, job
+    rows = np.stack([sums_worker.values(rank) for rank in range(2)])
+    expected_sums = rows[0] + rows[1]  # float64, in rank order
+    assert np.float32(rows[0, 0]) != rows[0, 0]  # float32 would lose these...
+    assert np.float32(rows[0, 2]) + np.float32(rows[1, 2]) != expected_sums[2]  # ...and these
+    for rank in range(2):
+        report = json.loads((tmp_path / f"sums{rank}.json").read_text())
+        gathered = np.array(report["gathered"], dtype=np.uint64).view(np.float64)
+        assert gathered.view(np.uint64).tolist() == rows.view(np.uint64).tolist(), rank
+        sums = np.array(report["sums"], dtype=np.uint64).view(np.float64)
+        assert sums.view(np.uint64).tolist() == expected_sums.view(np.uint64).tolist(), rank
+        assert report["count"] == 2 * (2**24 + 1)
+
+
+def test_split_exactly_carries_every_float64_bit_in_float32_exact_parts():
+    values = np.array([2.0**24 + 1, 2.0**53 - 1, -0.0, np.inf, np.nan, 1e300, 5e-324, 0.1])
+    parts = split_exactly(values)
+    assert parts.shape == (3 * len(values),) and (parts.astype(np.float32) == parts).all()
+    joined = join_exactly(np.stack([parts, parts]))
+    assert joined.view(np.uint64).tolist() == [values.view(np.uint64).tolist()] * 2
 
 
 def test_server_optimizer_updates_parameters_and_merges_reduction_rows():
