@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -261,3 +262,58 @@ def test_mxoid_native_builds_ahead_of_time_and_says_why_it_cannot(tmp_path):
     assert failed.returncode == 1 and failed.stdout == ""
     assert "mxoid native: error: the fused metric operator is unavailable" in failed.stderr
     assert "/bin/false failed (status 1)" in failed.stderr
+
+
+def test_a_background_build_never_outlives_the_script_by_more_than_a_second(tmp_path):
+    """A script that ends while its loop's background build runs stops it: the builder and
+    its compiler are gone within a second of the script's end, with no claim and no partial
+    file left, so that the next script builds at once (issue 40: the compiler ran on ~20 s
+    after a first script had ended)."""
+    cache = tmp_path / "cache"
+    compiler = tmp_path / "slow-cc"  # a compiler that takes its time, as a real one does
+    compiler.write_text(f"#!/bin/sh\necho $$ > {tmp_path / 'cc.pid'}\nsleep 60\n")
+    compiler.chmod(0o755)
+    script = textwrap.dedent(
+        """
+        import json, os, time
+        from mxoid.metrics import native
+        assert not native.available()
+        while not os.path.exists(os.environ["PID_FILE"]):  # the compiler has started
+            time.sleep(0.05)
+        print(json.dumps({"builder": native._background[0].pid}), flush=True)
+        """
+    )
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MXOID_CACHE_DIR": str(cache),
+        "CXX": str(compiler),
+        "PID_FILE": str(tmp_path / "cc.pid"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    ended = time.monotonic()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ANNOUNCEMENT in done.stderr and "stopped if this script ends first" in done.stderr
+    builder = json.loads(done.stdout.strip().splitlines()[-1])["builder"]
+    while _group(builder) and time.monotonic() < ended + 1.0:
+        time.sleep(0.02)
+    left = _group(builder)  # the builder, the compiler and the compiler's own children
+    assert not left, f"processes {left} outlived the script by over a second"
+    assert sorted(p.name for p in cache.iterdir()) == []  # no claim, no partial, no failure
+
+
+def _group(leader):
+    """The live processes of process group ``leader`` (zombies, dead but unreaped, aside)."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(") ", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and int(fields[2]) == leader:
+                members.append(int(entry))
+    return members

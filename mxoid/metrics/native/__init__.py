@@ -12,7 +12,12 @@ shared libraries and its wheel ships the header they are built against
 C++ compiler once, keeps the library in a cache directory, and loads it from there
 (a few milliseconds). The first loop on a machine does not wait for the compiler:
 it starts the build in the background, says so in one log line, and trains with
-MXNet's operators; ``mxoid native`` (:func:`build`) builds it ahead of time.
+MXNet's operators; ``mxoid native`` (:func:`build`) builds it ahead of time. The
+background build never outlives the process that started it by more than a second:
+a script that ends first stops it (the compiler, its partial file and its claim
+with it), and a later loop starts it again; a script that trains longer than the
+build (about 20 s of a compiler) uses the operator from its next loop on, and every
+later process from its first.
 
 Without a compiler, or when building or loading fails, :func:`available`
 returns False, :func:`unavailable_reason` says why, and the metric head uses
@@ -32,12 +37,14 @@ Environment:
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import hashlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -334,14 +341,49 @@ def _build_in_background(request: dict) -> None:
     except OSError as error:
         os.unlink(request["target"] + ".building")
         raise _Unavailable(f"cannot start the build: {error}") from None
+    if not _background:
+        atexit.register(_stop_background_builds)
     _background.append(process)
     _state["building"] = f"it is being built into {request['target']} (process {process.pid})"
+    _state["building_target"] = request["target"]
     _logger.warning(
         "mxoid: building its fused metric operator into %s in the background (once per "
-        "machine, a few seconds); until then metric heads use MXNet's operators (the same "
-        "values). 'mxoid native' builds it ahead of time.",
+        "machine, a few seconds; stopped if this script ends first); until then metric "
+        "heads use MXNet's operators (the same values). 'mxoid native' builds it ahead "
+        "of time.",
         request["target"],
     )
 
 
 _background: List[subprocess.Popen] = []  # kept so that Python does not warn it still runs
+STOP_WAIT_S = 0.8
+"""How long a background build stopped at exit may take to unwind before it is killed."""
+
+
+def _stop_background_builds() -> None:
+    """At exit: stop the builds this process started that are still running.
+
+    SIGTERM first (the builder removes its partial file and its claim), then, after at
+    most :data:`STOP_WAIT_S`, SIGKILL to what is left of its process group (the
+    compiler's own processes); a claim left behind is removed, so that the next process
+    builds at once.
+    """
+    for process in _background:
+        if process.poll() is not None:
+            continue
+        process.terminate()
+        try:
+            process.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            pass
+        try:  # its own session: the compiler and the compiler's own processes too
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:  # none left
+            pass
+        process.wait()
+    target = _state.get("building_target")
+    if target and not os.path.isfile(target):
+        try:
+            os.unlink(target + ".building")
+        except OSError:
+            pass

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -150,6 +151,10 @@ def _remove_abandoned(directory: str) -> None:
 
 
 if __name__ == "__main__":  # the background build: python builder.py REQUEST
+    # Stopped by the process that started it, when that one ends first: SIGTERM unwinds
+    # build() (the compiler killed, the partial file and the claim removed), so that a
+    # later process builds again from the start.
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
     try:
         build(json.loads(sys.argv[1]))
     except BuildError:
