@@ -234,6 +234,7 @@ def plot(args: argparse.Namespace) -> int:
     lines = math.ceil(len(families) / columns)
     figure = Figure(figsize=(4.8 * columns, 3.4 * lines), dpi=args.dpi, layout="constrained")
     FigureCanvasAgg(figure)
+    colours: Dict[str, str] = {}  # a line's label -> its colour, the same in every panel
     for index, (family, members) in enumerate(families.items(), start=1):
         axes = figure.add_subplot(lines, columns, index)
         for path, rows in logs:
@@ -250,8 +251,14 @@ def plot(args: argparse.Namespace) -> int:
                 xs, ys = zip(*points)
                 if overlay:
                     label = f"{os.path.splitext(os.path.basename(path))[0]}: {label}"
+                colour = colours.setdefault(label, f"C{len(colours) % 10}")
                 axes.plot(
-                    xs, ys, marker="o" if len(points) <= 50 else None, markersize=3, label=label
+                    xs,
+                    ys,
+                    marker="o" if len(points) <= 50 else None,
+                    markersize=3,
+                    label=label,
+                    color=colour,
                 )
         axes.set_title(family)
         axes.set_xlabel("epoch" if args.x == "epoch" else "iteration (batches done)")

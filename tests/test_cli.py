@@ -394,3 +394,19 @@ def test_show_and_plot_a_resumed_run_as_one_run(tmp_path, monkeypatch, capsys):
     header, rows = parse_table(out)
     # The runs as written, apart: the resumed run wrote the row it resumed at (epoch 2) again.
     assert [row[0] for row in rows] == ["1", "1", "2", "2", "2"]
+
+
+def test_plot_gives_a_record_one_colour_in_every_panel(digits_log, tmp_path, monkeypatch, capsys):
+    """``valid`` is the first line of the cross-entropy panel and the second of the accuracy
+    panel: it keeps one colour (matplotlib's cycle restarted in each panel)."""
+    records = "train_accuracy,valid_accuracy,valid_cross_entropy,test_cross_entropy"
+    figure = drawn_figure(
+        [digits_log, "-o", tmp_path / "c.png", "--records", records], monkeypatch, capsys
+    )
+    colours = {}
+    for axes in figure.axes:
+        for line in axes.get_lines():
+            colours.setdefault(line.get_label(), set()).add(line.get_color())
+    assert set(colours) == {"train", "valid", "test"}
+    assert all(len(seen) == 1 for seen in colours.values()), colours
+    assert len({seen.pop() for seen in colours.values()}) == 3
