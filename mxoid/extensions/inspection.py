@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import math
 import re
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import mxnet as mx
 
@@ -130,6 +130,7 @@ class Monitor(Extension):
         self._queue: Dict[str, mx.nd.NDArray] = {}
         self._twins: List[mx.executor.Executor] = []
         self._watched: Optional[mx.executor.Executor] = None
+        self._watching: Dict[int, Tuple[Any, List[mx.executor.Executor]]] = {}  # by set
         self._input_names: Set[str] = set()
         self._inputs_pending = False
 
@@ -137,15 +138,27 @@ class Monitor(Extension):
         """Install the callback on the first device's twin executor (or training executor)."""
         super().attach(loop)
         manager = self._manager = loop.manager
-        if one_random_generator(manager.contexts):
-            self._twins = manager.bind_twins()
-            self._watched = self._twins[0]
-        else:
-            self._twins, self._watched = [], manager.executors[0]
         self._input_names = set(manager.data_names) | set(manager.label_names)
         # Kept on the instance: MXNet holds only a raw pointer to the callback.
         self._callback = self._collect
-        self._watched.set_monitor_callback(self._callback, self.monitor_all)
+        self._watching = {}
+        self._watch(manager.training_set)
+
+    def _watch(self, executors: Any) -> None:
+        """Watch the executor set that trains the next batch (a bucket's: bound on first use).
+
+        Its twins are bound, and the callback installed on the first one, once per set.
+        """
+        watched = self._watching.get(id(executors))
+        if watched is None:
+            if one_random_generator(self._manager.contexts):
+                twins = executors.bind_twins()
+                watched = (twins[0], twins)
+            else:
+                watched = (executors.executors[0], [])
+            watched[0].set_monitor_callback(self._callback, self.monitor_all)
+            self._watching[id(executors)] = watched  # the manager keeps every set it bound
+        self._watched, self._twins = watched
 
     def _collect(self, name: Any, handle: Any) -> None:
         # Only the batch's training pass: not an evaluation on the training executors
@@ -164,13 +177,19 @@ class Monitor(Extension):
             self._queue[name] = self.stat(array)
 
     def before_batch(self, batch: Any) -> None:
-        """On a monitored batch, have the loop run it on the twins."""
+        """On a monitored batch, have the loop run it on the twins of the executors it trains on.
+
+        With buckets, the batch's bucket's set
+        (:meth:`mxoid.main_loop.epochs.Training.executors_for`).
+        """
         if (self.main_loop.status.iterations_done + 1) % self.every_n_batches == 0:
             self._active = True
             self._inputs_pending = True
             self._queue = {}
+            executors = self.main_loop.training.executors_for(batch)
+            self._watch(executors)
             if self._twins:
-                self.main_loop.manager.use_twins_once(self._twins)
+                executors.use_twins_once(self._twins)
 
     def after_batch(self, batch: Any) -> None:
         """Add the weights' statistics after the step, and write the records."""

@@ -105,6 +105,17 @@ class Training:
         self.ask_heads, self.synchronize = ask_heads, synchronize
         self.current_batch: Any = None
 
+    def executors_for(self, batch: Any) -> Any:
+        """Return the executor set that trains ``batch``: a bucket's, bound on first use.
+
+        For an extension that acts on the training executors before the batch runs
+        (``Monitor``'s twins, in ``before_batch``); the training set where one graph
+        trains every batch.
+        """
+        if not self.network.switches_graphs:
+            return self.manager.training_set
+        return self.network.training_set(self.manager, batch, self.ask_heads)
+
     def start(self) -> None:
         """Fire ``before_training``, or ``on_resumption`` for a run that started before.
 

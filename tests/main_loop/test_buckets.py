@@ -390,3 +390,55 @@ def test_the_loops_buckets_and_gluon_of_mxoid_0_4_answer_with_a_warning_naming_n
         assert loop.buckets is loop.network
     with pytest.warns(DeprecationWarning, match="loop.network"):
         assert loop.gluon is None
+
+
+def test_monitor_follows_bucket_switches_as_mx_mon_does_in_bucketing_module_fit():
+    """Every 3rd batch, whichever its bucket, Monitor records what ``mx.mon.Monitor`` prints
+    in ``BucketingModule.fit`` (which installs it in every bucket's module): the weights, and
+    the outputs of that bucket's own graph (its unrolled length)."""
+    import re
+
+    from mxoid import Monitor
+
+    class Lines(logging.Handler):
+        def __init__(self):
+            super().__init__()
+            self.lines = []
+
+        def emit(self, record):
+            self.lines.append(record.getMessage())
+
+    pattern = ".*weight|.*softmax_output"
+    replay = Replay(bucket_iter())
+    keys = [batch.bucket_key for batch in replay.batches]
+    assert len(set(keys[2::3])) > 1  # monitored batches of several buckets
+    loop = bucket_loop(
+        [FinishAfter(after_n_epochs=1), Monitor(pattern, every_n_batches=3)], train=replay
+    ).run()
+    monitor = mx.mon.Monitor(3, pattern=pattern)
+    monitor.step = 1  # fires on batches 3, 6, ... as mxoid's does
+    handler, root = Lines(), logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        replay.reset()
+        bucketing_module_fit([mx.cpu(0)], 1, replay, monitor=monitor)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    printed = {}
+    for line in handler.lines:
+        match = re.match(r"Batch:\s+(\d+) (\S+)\s+(\S+)", line)
+        if match:
+            printed.setdefault(int(match.group(1)) - 1, {})[match.group(2)] = float(match.group(3))
+    assert sorted(printed) == list(range(3, len(keys) + 1, 3))
+    for batch, values in printed.items():
+        ours = {
+            key[len("monitor_") : -len("_rms")]: value
+            for key, value in loop.log[batch].items()
+            if key.startswith("monitor_")
+        }
+        assert set(ours) == set(values), (batch, keys[batch - 1])
+        for name, value in values.items():
+            assert ours[name] == pytest.approx(value, rel=1e-5), (batch, name)
