@@ -40,7 +40,12 @@ from .ranks import SERVER_STATES_RESTART
 if TYPE_CHECKING:  # pragma: no cover
     from .loop import MainLoop
 
-__all__ = ["give_back_server_states", "server_states_file", "states_saved_by_servers"]
+__all__ = [
+    "give_back_server_states",
+    "server_states_file",
+    "states_saved_by_servers",
+    "write_server_states",
+]
 
 NONE_SAVED = "the checkpoint holds none of the servers' states (an earlier mxoid wrote it)"
 OTHER_LAYOUT = (
@@ -70,17 +75,27 @@ def server_states_file(loop: MainLoop) -> Dict[str, Callable[[str], None]]:
     """
     if not states_saved_by_servers(loop):
         return {}
+    return {SERVER_STATES: lambda path: write_server_states(loop.kvstore, path)}
 
-    def write(path: str) -> None:
-        folder = os.path.join(os.path.dirname(os.path.abspath(path)), f".servers-{unique_token()}")
-        try:
-            dumps = fetch_server_states(loop.kvstore, folder)
-        except ServerStatesError as error:
-            raise CheckpointError(f"cannot write checkpoint file {path}: {error}") from None
-        with open(path, "wb") as handle:
-            pickle.dump({"layout": server_layout(), "servers": dumps}, handle, protocol=4)
 
-    return {SERVER_STATES: write}
+def write_server_states(kvstore: mx.kv.KVStore, path: str) -> None:
+    """Write every server's states, with their layout, to ``path`` (rank 0).
+
+    The servers write into a folder beside ``path`` (in a checkpoint's
+    temporary folder), removed once read.
+
+    Raises
+    ------
+    CheckpointError
+        When a server did not write its states.
+    """
+    folder = os.path.join(os.path.dirname(os.path.abspath(path)), f".servers-{unique_token()}")
+    try:
+        dumps = fetch_server_states(kvstore, folder)
+    except ServerStatesError as error:
+        raise CheckpointError(f"cannot write checkpoint file {path}: {error}") from None
+    with open(path, "wb") as handle:
+        pickle.dump({"layout": server_layout(), "servers": dumps}, handle, protocol=4)
 
 
 def give_back_server_states(
