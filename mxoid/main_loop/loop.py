@@ -105,9 +105,9 @@ class MainLoop:
         How gradients from several devices (or workers) are summed.
     update_on_kvstore : bool, optional
         Where the optimizer runs; see :func:`mxoid.update.create_kvstore`.
-        False with ``dist_sync`` (the workers run it) makes resumption exact:
-        the checkpoints then hold the optimizer states, which the servers'
-        optimizer (the default of a dist kvstore) loses.
+        Resumption is exact with ``dist_sync`` either way: the checkpoints hold
+        the optimizer states, rank 0's (False: the workers run it) or the
+        servers' (the default of a dist kvstore: :mod:`.server_optimizer`).
     work_load_list : list of float, optional
         Relative share of each device in a batch.
     extensions : sequence of Extension
