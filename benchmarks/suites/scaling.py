@@ -22,6 +22,7 @@ every parameter once; ps-lite puts an array of fewer than
     python benchmarks/run.py scaling             # results/scaling.json (about 3 minutes)
     python benchmarks/run.py scaling --models messages --workers 1 2 --servers 1
     python benchmarks/run.py scaling --project   # the projection to 8-64 hosts
+    python benchmarks/run.py scaling --quick --saves 5   # and the cost of a save
 
 ('messages' is a network of 66 arrays of at most 10 floats: its push/pull time over
 132 messages per step is ps-lite's cost per message.) ``python
@@ -195,8 +196,49 @@ def worker(args) -> None:
         if step >= args.warmup:
             steps.append([computed - start, met - computed, done - met])
     sizes = [int(np.prod(exe.arg_dict[name].shape)) for name in names]
+    saves = time_saves(kv, exe, names, args) if args.saves else None
     with open(os.path.join(args.out, f"rank{kv.rank}.json"), "w") as out:
-        json.dump({"steps": steps, "sizes": sizes}, out)
+        json.dump({"steps": steps, "sizes": sizes, "saves": saves}, out)
+
+
+def time_saves(kv, exe, names, args):
+    """Rank 0's checkpoint saves, timed without and with the servers' optimizer states.
+
+    After the timed steps the servers get Adam (two states per parameter) and take one
+    step; rank 0 then writes ``args.saves`` checkpoints of each kind, alternately, as
+    mxoid's Checkpoint does (:func:`mxoid.checkpoint.format.write_checkpoint`; with the
+    states: ``servers-optimizer.states``, fetched through the command channel).
+    """
+    import mxnet as mx
+
+    from mxoid.checkpoint.format import SERVER_STATES, write_checkpoint
+    from mxoid.main_loop.server_optimizer import write_server_states
+
+    if kv.rank == 0:
+        kv.set_optimizer(mx.optimizer.Adam(learning_rate=1e-3, rescale_grad=1.0 / args.batch))
+    kv._barrier()
+    for key, name in enumerate(names):
+        kv.push(key, exe.grad_dict[name], priority=-key)
+        kv.pull(key, out=exe.arg_dict[name], priority=-key)
+    mx.nd.waitall()
+    found = None
+    if kv.rank == 0:
+        symbol, _ = network(args.model)
+        params = {name: exe.arg_dict[name] for name in names}
+        with_states = {SERVER_STATES: lambda path: write_server_states(kv, path)}
+        found = {"without": [], "with": []}
+        with tempfile.TemporaryDirectory() as folder:
+            for save in range(2 * args.saves):
+                kind, extra = ("with", with_states) if save % 2 else ("without", {})
+                path = os.path.join(folder, f"checkpoint-{save}")
+                state = {"status": {"epochs_done": 0, "iterations_done": save}}
+                start = time.perf_counter()
+                write_checkpoint(path, symbol, params, {}, state, None, extra_files=extra)
+                found[kind].append(time.perf_counter() - start)
+                found[f"{kind}_bytes"] = sum(f.stat().st_size for f in Path(path).iterdir())
+            found["states_bytes"] = os.path.getsize(os.path.join(path, SERVER_STATES))
+    kv._barrier()
+    return found
 
 
 # ------------------------------------------------------------------------------ the suite
@@ -208,7 +250,7 @@ def run_cell(model, workers, servers, args, folder):
     out.mkdir()
     command = [sys.executable, __file__, "--worker", "--model", model, "--out", str(out)]
     command += ["--batch", str(args.batch), "--steps", str(args.steps)]
-    command += ["--warmup", str(args.warmup)]
+    command += ["--warmup", str(args.warmup), "--saves", str(args.saves)]
     with open(out / "launch.log", "wb") as log:
         status = launch(command, workers, servers, timeout=600, stdout=log, stderr=log)
     if status != 0:
@@ -234,7 +276,29 @@ def run_cell(model, workers, servers, args, folder):
         bytes_per_server=[2 * workers * b for b in server_bytes(sizes, servers)],
         samples_per_s=workers * args.batch / cell["step"],
     )
+    saves = ranks[0]["saves"]
+    if saves:
+        cell["save"] = {kind: statistics.median(saves[kind]) for kind in ("without", "with")}
+        cell["save"].update({k: saves[k] for k in ("without_bytes", "with_bytes", "states_bytes")})
     return cell
+
+
+def save_table(cells):
+    """Rank 0's checkpoint save, without and with the servers' Adam states, as Markdown."""
+    lines = [
+        "| model | workers | servers | save ms | with server states ms | checkpoint MB "
+        "| with server states MB | of which server states MB |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for c in cells:
+        if "save" in c:
+            s = c["save"]
+            lines.append(
+                f"| {c['model']} | {c['workers']} | {c['servers']} | {1e3 * s['without']:.1f} "
+                f"| {1e3 * s['with']:.1f} | {s['without_bytes'] / 1e6:.2f} "
+                f"| {s['with_bytes'] / 1e6:.2f} | {s['states_bytes'] / 1e6:.2f} |"
+            )
+    return "\n".join(lines)
 
 
 def table(cells):
@@ -271,6 +335,7 @@ def _parser() -> argparse.ArgumentParser:
     add("--steps", type=int, help="timed steps (the mode's: 30)")
     add("--warmup", type=int, help="steps before them (the mode's: 5)")
     add("--out", dest="json", help=argparse.SUPPRESS)  # --json's name when run alone
+    add("--saves", type=int, default=0, help=SAVES_HELP)
     add("--project", action="store_true", help="print the projection to 8-64 hosts instead")
     add("--bound", type=float, default=1e5, help="the bound to project beside 1e6")
     add("--key-seconds", type=float, default=0.7e-3, help=KEY_SECONDS_HELP)
@@ -278,6 +343,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+SAVES_HELP = "rank 0's checkpoint saves timed after the steps, without and with the servers' states"
 KEY_SECONDS_HELP = "a server's time per array part per step (default: 'messages' 1w1s, here)"
 BYTES_PER_SECOND_HELP = "a server's bytes pushed (and pulled back) per second (default: mlp 1w1s)"
 
@@ -288,7 +354,7 @@ def main(argv=None) -> int:
         worker_parser = argparse.ArgumentParser()
         for name in ("--model", "--out"):
             worker_parser.add_argument(name)
-        for name in ("--batch", "--steps", "--warmup"):
+        for name in ("--batch", "--steps", "--warmup", "--saves"):
             worker_parser.add_argument(name, type=int)
         worker(worker_parser.parse_args(argv[1:]))
         return 0
@@ -314,12 +380,14 @@ def main(argv=None) -> int:
                         failures.append(str(error))
                     print(f"# {model} {workers_}w {count}s done", file=sys.stderr, flush=True)
     print(table(cells))
+    if args.saves:
+        print("\n" + save_table(cells))
     print(f"\n{os.cpu_count()} CPUs, {run.mode} run, batch {args.batch} per worker")
     bad = [c for c in cells if not (c["step"] > 0 and c["bytes_per_worker"] > 0)]
     failures += [f"implausible results: {c}" for c in bad]
     settings = dict(models=args.models, workers=args.workers, servers=args.servers)
     settings.update(batch=args.batch, steps=args.steps, warmup=args.warmup)
-    settings["bigarray_bound"] = BIGARRAY_BOUND
+    settings["bigarray_bound"], settings["saves"] = BIGARRAY_BOUND, args.saves
     return run.finish(failures, settings, cells, own_load=False)  # its workers would count
 
 

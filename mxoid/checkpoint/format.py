@@ -14,8 +14,14 @@ A checkpoint is a folder ``checkpoint-<seq>-epoch<E>-batch<B>`` holding
     The optimizer with its per-parameter states (momentum, Adam's moments
     and step counts), as MXNet's updater dumps them
     (``get_states(dump_optimizer=True)``). Absent with a distributed
-    kvstore that updates, whose states live on the servers; present with
+    kvstore that updates, whose states live on the servers (see
+    ``servers-optimizer.states``); present with
     ``update_on_kvstore=False`` (every worker holds the same states).
+``servers-optimizer.states``
+    With ``dist_sync`` and the optimizer on the parameter servers: every
+    server's optimizer and states, as its updater dumps them, by server
+    rank, with how the servers split the keys (a pickled dict: ``layout``,
+    ``servers``; :mod:`mxoid.distributed.server_states`).
 ``loop.json``
     Plain JSON: the loop's :meth:`~mxoid.MainLoop.state_dict` (the keys of
     :data:`LOOP_STATE_KEYS`, and more); in distributed training also
@@ -70,6 +76,7 @@ PREFIX = "model"
 MANIFEST = "MANIFEST.json"
 LOOP_STATE = "loop.json"
 OPTIMIZER_STATES = "optimizer.states"
+SERVER_STATES = "servers-optimizer.states"
 GRADIENTS = "gradients.params"
 FOLDER_NAME = re.compile(r"^checkpoint-(\d+)-epoch(\d+)-batch(\d+)$")
 # .tmp-<name>-<token>: being written; .retired-<name>-<token>: a whole folder replaced by a
@@ -129,6 +136,9 @@ class CheckpointContents:
     ``'<device>:<parameter>'``; None when the checkpoint is at a group's end."""
     symbol_json: str = ""
     """The network's symbol as JSON, as the folder held it when it was read."""
+    server_states: Optional[Dict[str, Any]] = None
+    """The parameter servers' optimizer states (``layout``, and ``servers``: each
+    server's dump, by rank); None when the checkpoint holds none."""
 
     @property
     def run_id(self) -> Optional[str]:

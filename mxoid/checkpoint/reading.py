@@ -28,6 +28,7 @@ from .format import (
     MANIFEST,
     OPTIMIZER_STATES,
     PREFIX,
+    SERVER_STATES,
     CheckpointContents,
     CheckpointError,
     CheckpointVanished,
@@ -144,6 +145,9 @@ def _read_folder(path: str, check_finite: bool) -> CheckpointContents:
     states = contents.get(OPTIMIZER_STATES)
     if states is not None:
         _check_optimizer_states(os.path.join(path, OPTIMIZER_STATES), states)
+    server_states = None
+    if SERVER_STATES in contents:
+        server_states = _server_states(os.path.join(path, SERVER_STATES), contents[SERVER_STATES])
     gradients = None
     if GRADIENTS in contents:
         gradients = _load_arrays(os.path.join(path, GRADIENTS), contents[GRADIENTS])
@@ -156,6 +160,7 @@ def _read_folder(path: str, check_finite: bool) -> CheckpointContents:
         manifest,
         gradients,
         symbol_json=contents[symbol_name].decode("utf-8", errors="replace"),
+        server_states=server_states,
     )
 
 
@@ -268,6 +273,27 @@ def _check_optimizer_states(path: str, states: bytes) -> None:
             f"checkpoint file {path} is damaged: it does not hold an "
             "optimizer and its states; use an earlier checkpoint"
         )
+
+
+def _server_states(path: str, data: bytes) -> Dict[str, Any]:
+    """Return the servers' states of ``servers-optimizer.states``, each server's dump checked."""
+    try:
+        loaded = pickle.loads(data)
+        dumps = loaded["servers"]
+        layout = loaded["layout"]
+        whole = isinstance(dumps, list) and {"num_servers", "bigarray_bound"} <= set(layout)
+        for dump in dumps if whole else ():
+            states = pickle.loads(dump)
+            whole = whole and isinstance(states, tuple) and len(states) == 2
+            whole = whole and isinstance(states[0], dict) and hasattr(states[1], "optimizer")
+    except Exception:  # pickle raises many kinds for garbage
+        whole = False
+    if not whole:
+        raise CheckpointError(
+            f"checkpoint file {path} is damaged: it does not hold the parameter servers' "
+            "optimizer states; use an earlier checkpoint"
+        )
+    return loaded
 
 
 def _read_json(path: str) -> Any:

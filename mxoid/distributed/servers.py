@@ -169,9 +169,13 @@ def run_server(role: str) -> None:
     ``DMLC_ROLE``: ``import mxnet`` with ``DMLC_ROLE=server`` runs the server
     loop inside the import, before mxoid can be imported, and such a server
     cannot unpickle :class:`ServerOptimizer`. This sets ``DMLC_ROLE`` once
-    mxnet and mxoid are imported, then serves.
+    mxnet and mxoid are imported, then serves, with a controller that also
+    saves and loads the optimizer states for checkpoints
+    (:class:`~mxoid.distributed.server_states.StatesServer`).
     """
     if role not in ("server", "scheduler"):
         raise ValueError(f"role must be 'server' or 'scheduler', not {role!r}")
+    from .server_states import StatesServer  # its controller saves and loads the states
+
     os.environ["DMLC_ROLE"] = role
-    mx.kv.KVStoreServer(mx.kv.create("dist")).run()
+    StatesServer(mx.kv.create("dist")).run()

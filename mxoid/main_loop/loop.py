@@ -47,6 +47,7 @@ from .epochs import Training
 from .interrupt import InterruptHandlers, report_interruption
 from .ranks import gather_rank_states
 from .resumption import choose_checkpoint
+from .server_optimizer import server_states_file
 from .state import loop_state, restore_loop_state
 from .stops import StopRequests
 
@@ -104,9 +105,9 @@ class MainLoop:
         How gradients from several devices (or workers) are summed.
     update_on_kvstore : bool, optional
         Where the optimizer runs; see :func:`mxoid.update.create_kvstore`.
-        False with ``dist_sync`` (the workers run it) makes resumption exact:
-        the checkpoints then hold the optimizer states, which the servers'
-        optimizer (the default of a dist kvstore) loses.
+        Resumption is exact with ``dist_sync`` either way: the checkpoints hold
+        the optimizer states, rank 0's (False: the workers run it) or the
+        servers' (the default of a dist kvstore: :mod:`.server_optimizer`).
     work_load_list : list of float, optional
         Relative share of each device in a batch.
     extensions : sequence of Extension
@@ -487,9 +488,12 @@ class MainLoop:
     ) -> Dict[str, Callable[[str], Any]]:
         """Return the files a checkpoint holds beside MXNet's, by name: the network's.
 
-        A Gluon block's (:meth:`mxoid.network.GluonNetwork.checkpoint_files`); none for a symbol.
+        A Gluon block's (:meth:`mxoid.network.GluonNetwork.checkpoint_files`); none for a
+        symbol. With ``dist_sync`` and the optimizer on the servers, the servers' optimizer
+        states too (:func:`.server_optimizer.server_states_file`: rank 0 asks the servers).
         """
-        return self.network.checkpoint_files(arg_params, aux_params)
+        files = self.network.checkpoint_files(arg_params, aux_params)
+        return {**files, **server_states_file(self)}
 
     def gather_rank_states(self, mxnet_seed: int) -> Optional[List[Dict[str, Any]]]:
         """Return every worker's random states and iterator position, in rank order.

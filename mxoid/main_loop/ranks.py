@@ -6,8 +6,10 @@ each worker's part (:func:`own_state`) is gathered to rank 0
 (:func:`gather_rank_states`, a collective exchange) and stored in ``loop.json``
 as ``rank_states``, one entry per rank; on resumption every worker reads the
 one checkpoint and takes its own entry (:func:`rank_entry`). Where a resumption
-cannot be exact (the servers held the optimizer states, ``dist_async``), rank 0
-says so once (:func:`warn_inexact`).
+cannot be exact (``dist_async``), rank 0 says so once (:func:`warn_inexact`);
+the servers' optimizer states of ``dist_sync`` are given back by
+:mod:`.server_optimizer`, which warns with :data:`SERVER_STATES_RESTART` when
+it cannot.
 """
 
 from __future__ import annotations
@@ -35,17 +37,19 @@ __all__ = [
 RANK_STATES = "rank_states"
 SERVER_STATES_RESTART = (
     "resuming from {path} with the optimizer on the parameter servers "
-    "(update_on_kvstore=True, the default of a dist kvstore): its states (momentum, Adam's "
-    "moments, update counts) lived on the servers and restart from zero, so training does not "
-    "continue exactly. Pass MainLoop(..., update_on_kvstore=False) with dist_sync: the workers "
-    "then run the optimizer, and checkpoints hold its states"
+    "(update_on_kvstore=True, the default of a dist kvstore): {why}, so the servers' "
+    "optimizer states (momentum, Adam's moments, update counts) restart from zero, and "
+    "training does not continue exactly.{fix} With dist_sync and MainLoop(..., "
+    "update_on_kvstore=False) the workers run the optimizer, and checkpoints hold its "
+    "states whatever the servers"
 )
 ASYNC_RESUMPTION = (
     "resuming from {path} with dist_async: the parameters, every worker's iterator position "
     "and random states, the log and the extensions' states are restored, but the optimizer "
-    "states lived on the servers and restart from zero, and the order in which the servers "
-    "applied the workers' pushes is not reproducible: training continues, not exactly as "
-    "without the interruption"
+    "states lived on the servers and restart from zero (the servers apply each push as it "
+    "arrives, so their states at a save do not belong to the parameters saved, and are not "
+    "saved), and the order in which the servers applied the workers' pushes is not "
+    "reproducible: training continues, not exactly as without the interruption"
 )
 ONLY_RANK_ZERO = (
     "checkpoint {path} holds rank 0's random states and iterator position only (it was "
@@ -117,7 +121,5 @@ def warn_inexact(loop: MainLoop, state: Dict[str, Any], where: str, stacklevel: 
     if is_asynchronous(kvstore):
         warnings.warn(ASYNC_RESUMPTION.format(path=where), stacklevel=stacklevel + 1)
         return
-    if loop.update_on_kvstore:
-        warnings.warn(SERVER_STATES_RESTART.format(path=where), stacklevel=stacklevel + 1)
     if state.get(RANK_STATES) is None and kvstore.num_workers > 1:
         warnings.warn(ONLY_RANK_ZERO.format(path=where), stacklevel=stacklevel + 1)

@@ -25,6 +25,7 @@ from ..log.files import RESUMED_FROM
 from ..log.records import plain_value
 from .accumulation import restore_gradients
 from .ranks import rank_entry, warn_inexact
+from .server_optimizer import give_back_server_states
 
 if TYPE_CHECKING:  # pragma: no cover
     from .loop import MainLoop
@@ -67,23 +68,32 @@ def loop_state(loop: MainLoop) -> Dict[str, Any]:
 def restore_loop_state(loop: MainLoop, checkpoint: CheckpointContents, stacklevel: int = 2) -> None:
     """Make ``loop`` continue the run of ``checkpoint``.
 
-    Restore its optimizer states, log, status, extension states, iterator
+    Restore its optimizer states (the servers' too, with ``dist_sync`` and the
+    optimizer on them: :mod:`.server_optimizer`), log, status, extension states, iterator
     position and random states (the parameters are set at construction). An
     optimizer setting of the loop that differs from the run's wins, with a
     warning (``stacklevel`` as ``warnings.warn`` takes it, from this function's
     caller).
     """
     state = checkpoint.loop_state
+    update = loop.update
+    started = (state.get("optimizer") or {}).get("settings", {})
     if checkpoint.optimizer_states is not None:
-        update = loop.update
         restored = update.load_states(checkpoint.optimizer_states)
-        started = (state.get("optimizer") or {}).get("settings", {})
         changes = given_settings_win(
             restored, update.optimizer, update.settings, started, checkpoint.path
         )
         update.use_optimizer(restored)
         for change in changes:
             warnings.warn(f"resuming from {checkpoint.path} with {change}", stacklevel=stacklevel)
+    give_back_server_states(  # with dist_sync and the optimizer on the servers; collective
+        loop,
+        checkpoint,
+        lambda saved: given_settings_win(
+            saved, update.optimizer, update.settings, started, checkpoint.path
+        ),
+        stacklevel,
+    )
     loop.log.load_state_dict(state["log"])
     loop.log.current_row[RESUMED_FROM] = checkpoint.path
     status = loop.status

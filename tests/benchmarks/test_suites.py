@@ -287,3 +287,16 @@ def test_scaling_check_launches_one_and_two_workers_on_loopback(tmp_path):
         assert cell["step"] > 0 and min(cell["compute"], cell["pushpull"]) > 0
         assert cell["bytes_per_worker"] == 2 * 4 * cell["params"]
     assert "| model | workers | servers | step ms |" in stdout
+
+
+def test_scaling_saves_time_a_checkpoint_without_and_with_the_servers_states(tmp_path):
+    """``--saves``: rank 0's save timed both ways; the servers' Adam states (two per
+    parameter) make the checkpoint about three times the parameters (issue 39, item 1)."""
+    data, stdout = check("scaling", tmp_path, "--workers", "2", "--saves", "2")
+    (cell,) = data["results"]
+    save = cell["save"]
+    assert save["without"] > 0 and save["with"] > 0
+    assert save["states_bytes"] > 2 * 4 * cell["params"]
+    more = save["with_bytes"] - save["without_bytes"]  # the file, and its manifest entry
+    assert save["states_bytes"] < more < save["states_bytes"] + 1000
+    assert "| model | workers | servers | save ms | with server states ms |" in stdout

@@ -1,8 +1,10 @@
-"""Exact resumption of a distributed job after a SIGKILL (issue 31, item 3).
+"""Exact resumption of a distributed job after a SIGKILL (issue 31, item 3; issue 39, item 1).
 
 Each job runs tests/distributed/scripts/dist_worker.py on two workers and one
 server (or two) under ``mxoid launch``: ``dist_sync`` with the optimizer on the workers
-(``update_on_kvstore=False``, so rank 0's checkpoints hold its states), every
+(``update_on_kvstore=False``, so rank 0's checkpoints hold its states) or, by
+default, on the servers (rank 0 fetches the servers' states at each save, and
+they are given back on resumption), every
 rank shuffling its own shard with its own NumPy seed, dropout drawing each
 rank's own MXNet random numbers, a Checkpoint every 4 batches. A worker, the
 launcher or a server is SIGKILLed in the second epoch, once batch 12's
@@ -32,10 +34,12 @@ pytestmark = pytest.mark.adversarial
 
 WORKER = [sys.executable, SCRIPTS / "dist_worker.py"]
 EXACT = ["--update-on-workers", "--shuffle", "--dropout", "0.2", "--checkpoint-every", "4"]
+ON_SERVERS = EXACT[1:]  # the default: update_on_kvstore, the optimizer on the servers
+SPLIT = "150"  # MXNET_KVSTORE_BIGARRAY_BOUND: fc1_weight (160 values) split, not the reductions
 BATCH_12 = "checkpoint-*-epoch0001-batch00000012"  # a checkpoint's folder: mid-epoch 2 of 2
 SECONDS = 60  # a generous bound for any one step of these tests on a loaded machine
 
-_uninterrupted = {}  # optimizer -> (rank 0's parameters, rank 1's)
+_uninterrupted = {}  # (optimizer, options, servers) -> (rank 0's parameters, rank 1's)
 
 
 @pytest.fixture
@@ -44,42 +48,48 @@ def job_env(monkeypatch):
         yield marker
 
 
-def command(out, directory, optimizer):
-    return WORKER + ["--out", out, "--checkpoint", directory, "--optimizer", optimizer, *EXACT]
+def command(out, directory, optimizer, options=EXACT):
+    return WORKER + ["--out", out, "--checkpoint", directory, "--optimizer", optimizer, *options]
 
 
-def uninterrupted(tmp_path_factory, optimizer):
-    """Both ranks' final parameters after the job ran without interruption (once per optimizer)."""
-    if optimizer not in _uninterrupted:
+def uninterrupted(tmp_path_factory, optimizer, options=EXACT, servers=1):
+    """Both ranks' final parameters after the job ran without interruption (once per
+    optimizer, place of the optimizer and number of servers)."""
+    key = (optimizer, tuple(options), servers)
+    if key not in _uninterrupted:
         out = tmp_path_factory.mktemp(f"uninterrupted-{optimizer}")
-        job = run_job(out, command(out, out / "checkpoints", optimizer))
+        job = run_job(out, command(out, out / "checkpoints", optimizer, options), servers=servers)
         assert job.status == 0, job
         (_, params0), (_, params1) = results(out)
         for name in params0:
             assert np.array_equal(params0[name], params1[name]), name
-        _uninterrupted[optimizer] = (params0, params1)
-    return _uninterrupted[optimizer]
+        _uninterrupted[key] = (params0, params1)
+    return _uninterrupted[key]
 
 
-def resume_and_compare(tmp_path_factory, tmp_path, optimizer, directory, servers=1):
+def resume_and_compare(tmp_path_factory, tmp_path, optimizer, directory, servers=1, options=EXACT):
     """Relaunch the job from ``directory``'s newest checkpoint (mid-epoch 2); compare it with
     the uninterrupted job on both ranks."""
     saved = latest_checkpoint(str(directory))
     status = saved.loop_state["status"]
     assert status["iterations_done"] in (12, 16) and status["epoch_started"], status
-    assert saved.optimizer_states is not None  # the workers' optimizer: its states are saved
+    if options == EXACT:
+        assert saved.optimizer_states is not None  # the workers' optimizer: its states are saved
+    else:  # the servers' optimizer: each server's states are saved
+        assert saved.optimizer_states is None and len(saved.server_states["servers"]) == servers
     own = saved.loop_state["rank_states"]  # each rank's own random states and position
     assert len(own) == 2 and own[0]["data_position"] != own[1]["data_position"]
     assert own[0]["random"] != own[1]["random"]
 
     out = tmp_path / "resumed"
     out.mkdir()
-    resumed = command(out, directory, optimizer) + ["--resume-from", directory]
+    resumed = command(out, directory, optimizer, options) + ["--resume-from", directory]
     job = run_job(out, resumed, servers=servers)
     assert job.status == 0, job
+    assert "restart from zero" not in job.stderr, job  # the servers' states too: no warning
     resumed = [report["status"]["iterations_done"] for report, _ in results(out)]
     assert resumed == [20, 20]
-    for rank, reference in enumerate(uninterrupted(tmp_path_factory, optimizer)):
+    for rank, reference in enumerate(uninterrupted(tmp_path_factory, optimizer, options)):
         params = results(out)[rank][1]
         assert params.keys() == reference.keys()
         for name in reference:
@@ -95,14 +105,14 @@ def role(pid):
         return "worker" if b"DMLC_ROLE=worker" in environ.read().split(b"\0") else None
 
 
-def kill_mid_epoch(out, directory, optimizer, victim, marker, servers=1):
+def kill_mid_epoch(out, directory, optimizer, victim, marker, servers=1, options=EXACT):
     """Run the job under ``python -m mxoid.distributed.launch`` and SIGKILL ``victim`` (the
     launcher, one worker or one server) once batch 12's checkpoint is written, in the second
     epoch; return the launcher's status and output once every process has ended."""
     launcher = subprocess.Popen(
         [sys.executable, "-m", "mxoid.distributed.launch", "-n", "2", "-s", str(servers)]
         + ["--timeout", "120", "--"]
-        + [str(part) for part in command(out, directory, optimizer)]
+        + [str(part) for part in command(out, directory, optimizer, options)]
         + ["--delay", "0.2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -160,19 +170,59 @@ def test_sigkill_of_one_of_two_servers_then_resumption_is_exact(
     resume_and_compare(tmp_path_factory, tmp_path, "adam", directory, servers=2)
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("victim", ["worker", "launcher", "server"])
+def test_with_the_optimizer_on_the_servers_resumption_is_exact_on_both_ranks(
+    tmp_path_factory, tmp_path, job_env, victim, optimizer
+):
+    """The default update_on_kvstore: the servers' momentum or Adam moments and update
+    counts are saved by rank 0 at each save and given back to the servers on resumption."""
+    directory = tmp_path / "checkpoints"
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    status, output = kill_mid_epoch(
+        killed, directory, optimizer, victim, job_env, options=ON_SERVERS
+    )
+    assert status != 0 and not list(killed.glob("rank*.json")), output
+    resume_and_compare(tmp_path_factory, tmp_path, optimizer, directory, options=ON_SERVERS)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("victim", ["worker", "launcher", "server"])
+def test_with_the_optimizer_on_two_servers_splitting_an_array_resumption_is_exact(
+    tmp_path_factory, tmp_path, job_env, monkeypatch, victim, optimizer
+):
+    """Two servers, fc1_weight split across them (MXNET_KVSTORE_BIGARRAY_BOUND): each server's
+    states go back to the server of its rank; the parameters are those of one server's job."""
+    monkeypatch.setenv("MXNET_KVSTORE_BIGARRAY_BOUND", SPLIT)
+    directory = tmp_path / "checkpoints"
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    status, output = kill_mid_epoch(
+        killed, directory, optimizer, victim, job_env, servers=2, options=ON_SERVERS
+    )
+    assert status != 0 and not list(killed.glob("rank*.json")), output
+    resume_and_compare(
+        tmp_path_factory, tmp_path, optimizer, directory, servers=2, options=ON_SERVERS
+    )
+
+
 @pytest.mark.parametrize("kvstore", ["dist_sync", "dist_async"])
 def test_resuming_with_the_optimizer_on_the_servers_warns(tmp_path, job_env, kvstore):
-    """update_on_kvstore=True (a dist kvstore's default): the servers' optimizer states
-    restart; the warning says so and names the fix (dist_async: what is not exact)."""
+    """update_on_kvstore=True (a dist kvstore's default) where the servers' optimizer states
+    cannot be given back: with dist_sync on another number of servers than the checkpoint's
+    (a server's states fit only its key range), with dist_async always. They restart; the
+    warning says so and names the fix (dist_async: what is not exact)."""
     directory = tmp_path / "checkpoints"
     first = WORKER + ["--out", tmp_path, "--kvstore", kvstore, "--checkpoint", directory]
     job = run_job(tmp_path, first + ["--epochs", "1"])
     assert job.status == 0, job
     assert "resuming from" not in job.stderr
-    job = run_job(tmp_path, first + ["--epochs", "2", "--resume-from", directory])
+    servers = 2 if kvstore == "dist_sync" else 1
+    job = run_job(tmp_path, first + ["--epochs", "2", "--resume-from", directory], servers=servers)
     assert job.status == 0, job
     if kvstore == "dist_sync":
-        expected = ["restart from zero", "update_on_kvstore=False"]
+        expected = ["restart from zero", "update_on_kvstore=False", "Resume with 1 server(s)"]
     else:
         expected = ["with dist_async", "not exactly as without the interruption"]
     for text in expected:
