@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
+import logging
+from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import mxnet as mx
 import numpy as np
 
 from .executor_set import DataDescLike, ExecutorSet, as_descs
 from .initialization import check_fixed, fixed_gammas
+from .seed import TWO_FORMS, is_seed_form, seed_arguments
 from .waiting import wait_for
 
 __all__ = ["DataParallelExecutorManager", "set_key"]
+
+NO_BUCKET_MONITOR = (
+    "install_monitor is not implemented for bucketing (sym_gen), as in MXNet's manager: "
+    "install the monitor on a manager built without sym_gen"
+)
 ArrayLike = Union[mx.nd.NDArray, np.ndarray]
 
 
@@ -56,6 +63,16 @@ class DataParallelExecutorManager:
     :attr:`outputs`, :attr:`labels`, :attr:`valid_rows`) are those of the
     current set (:meth:`use`), the training set by default.
 
+    MXNet's own form is taken too, as ``mx.executor_manager.DataParallelExecutorManager``
+    takes it (positionally or by keyword): ``DataParallelExecutorManager(symbol, ctx,
+    train_data, arg_names, param_names, aux_names, work_load_list=None, logger=None,
+    sym_gen=None)``, told from mxoid's by a third argument with ``provide_data`` (a
+    DataIter) or any of MXNet's keywords (:mod:`.seed`). The names must be the symbol's
+    (``param_names``: every argument that is not an input). With ``sym_gen``,
+    :meth:`load_data_batch` switches to the batch's bucket (``sym_gen(batch.bucket_key)``,
+    bound on first use and sharing the training set's arrays) as MXNet's manager does.
+    :meth:`install_monitor`, :meth:`copy_to` and :meth:`update_metric` are MXNet's.
+
     Parameters
     ----------
     symbol : mx.sym.Symbol
@@ -87,6 +104,9 @@ class DataParallelExecutorManager:
         :mod:`~mxoid.executor_manager.private_heads`), in :attr:`private_outputs`.
     head_owners : sequence of object, optional
         Who asked for each private head (:meth:`ExecutorSet.private_output_of`).
+    ctx, train_data, arg_names, param_names, aux_names, logger, sym_gen
+        MXNet's form (see above), instead of ``contexts``, ``data_shapes`` and
+        ``label_shapes``.
 
     Attributes
     ----------
@@ -99,6 +119,8 @@ class DataParallelExecutorManager:
         fixed parameter's gradients are ``None``. Every set shares them.
     fixed_param_names : list of str
         The parameters that are never updated.
+    sym_gen : callable or None
+        MXNet's form's ``sym_gen``: a bucket key's symbol.
     outputs, labels, valid_rows, pad, training_pass, private_outputs
         The current set's (see :class:`ExecutorSet`): the outputs of the last
         forward pass by name, the labels and real rows of the loaded batch on
@@ -119,10 +141,10 @@ class DataParallelExecutorManager:
     def __init__(
         self,
         symbol: mx.sym.Symbol,
-        contexts: Sequence[mx.Context],
-        data_shapes: Sequence[DataDescLike],
+        contexts: Optional[Sequence[mx.Context]] = None,
+        data_shapes: Optional[Sequence[DataDescLike]] = None,
         label_shapes: Optional[Sequence[DataDescLike]] = None,
-        *,
+        *seed_args: Any,
         work_load_list: Optional[Sequence[float]] = None,
         shared_manager: Optional[DataParallelExecutorManager] = None,
         fixed_param_names: Sequence[str] = (),
@@ -130,7 +152,35 @@ class DataParallelExecutorManager:
         for_training: bool = True,
         private_heads: Sequence[mx.sym.Symbol] = (),
         head_owners: Sequence[Any] = (),
+        ctx: Optional[Sequence[mx.Context]] = None,
+        train_data: Optional[mx.io.DataIter] = None,
+        arg_names: Optional[Sequence[str]] = None,
+        param_names: Optional[Sequence[str]] = None,
+        aux_names: Optional[Sequence[str]] = None,
+        logger: Optional[logging.Logger] = None,
+        sym_gen: Optional[Callable[[Any], mx.sym.Symbol]] = None,
     ) -> None:
+        seed_keywords = dict(
+            ctx=ctx,
+            train_data=train_data,
+            arg_names=arg_names,
+            param_names=param_names,
+            aux_names=aux_names,
+            logger=logger,
+            sym_gen=sym_gen,
+        )
+        self.sym_gen, self._default_bucket_key = None, None
+        if is_seed_form(data_shapes, seed_args, seed_keywords):  # MXNet's own form
+            seed = seed_arguments(
+                symbol,
+                (contexts, data_shapes, label_shapes, *seed_args),
+                {**seed_keywords, "work_load_list": work_load_list},
+            )
+            contexts, data_shapes, label_shapes = seed.contexts, seed.data_shapes, seed.label_shapes
+            work_load_list = seed.work_load_list
+            self.sym_gen, self._default_bucket_key = seed.sym_gen, seed.default_bucket_key
+        elif contexts is None or data_shapes is None:
+            raise TypeError(f"{TWO_FORMS}: contexts and data_shapes are missing")
         if grad_req not in ("write", "add"):
             raise ValueError(f"grad_req must be 'write' or 'add', got {grad_req!r}")
         contexts = list(contexts)
@@ -311,7 +361,53 @@ class DataParallelExecutorManager:
         ``labels=False`` copies the data only (inference: a forward pass with
         ``is_train=False`` does not read the labels).
         """
+        if self.sym_gen is not None:
+            self.use(self._bucket_set(batch))
         self.current.load_data_batch(batch, labels)
+
+    def _bucket_set(self, batch: mx.io.DataBatch) -> ExecutorSet:
+        """Return the training set of ``batch``'s bucket, bound on first use (MXNet's form).
+
+        The default bucket's is the training set; another key's binds
+        ``sym_gen(key)`` for the batch's inputs, sharing the training set's arrays.
+        """
+        key = batch.bucket_key
+        if key == self._default_bucket_key:
+            return self.training_set
+        found = self._sets.get(("sym_gen", key))
+        if found is None:
+            found = self.executor_set(
+                batch.provide_data,
+                batch.provide_label,
+                symbol=self.sym_gen(key),
+                for_training=True,
+                key=("sym_gen", key),
+            )
+        return found
+
+    def update_metric(
+        self, metric: mx.metric.EvalMetric, labels: Sequence[Any], pre_sliced: bool = False
+    ) -> None:
+        """Update ``metric`` with each device's outputs of the last forward pass, as MXNet's.
+
+        ``labels``: the batch's labels (``batch.label``), sliced here per device;
+        with ``pre_sliced=True``, one list of labels per device.
+        """
+        current = self.current
+        per_device = zip(*current.outputs.values()) if current.outputs else ()
+        for device, (outputs, rows) in enumerate(zip(per_device, current.slices)):
+            sliced = labels[device] if pre_sliced else [label[rows] for label in labels]
+            metric.update(sliced, list(outputs))
+
+    def install_monitor(self, monitor: mx.monitor.Monitor) -> None:
+        """Install ``monitor`` (``mx.monitor.Monitor``) on the training set's executors, as MXNet's.
+
+        mxoid's own loop has the :class:`~mxoid.extensions.Monitor` extension.
+        """
+        if self.sym_gen is not None:
+            raise NotImplementedError(NO_BUCKET_MONITOR)
+        for executor in self.training_set.executors:
+            monitor.install(executor)
 
     def forward(self, is_train: bool = False) -> None:
         """Run the current set's forward pass on every device (asynchronously)."""
@@ -395,6 +491,24 @@ class DataParallelExecutorManager:
                         target[:] = np.asarray(value, dtype=target.dtype)
         if aux_params and set(aux_params) == set(self.aux_names):
             self._root._aux_agree = True
+
+    def copy_to(
+        self, arg_params: Dict[str, mx.nd.NDArray], aux_params: Dict[str, mx.nd.NDArray]
+    ) -> None:
+        """Write the devices' average of each parameter and auxiliary state into these arrays.
+
+        MXNet's manager's ``copy_to``, with its arithmetic (``(0 + a0 + a1 + ...) / n``,
+        cast to the target's type), after waiting for the engine (:meth:`synchronize`).
+        """
+        self.synchronize()
+        cpu = mx.cpu()
+        for targets, names, arrays in (
+            (arg_params, self.param_names, self.param_arrays),
+            (aux_params, self.aux_names, self.aux_arrays),
+        ):
+            for name, block in zip(names, arrays):
+                average = sum(array.copyto(cpu) for array in block) / len(block)
+                average.astype(targets[name].dtype).copyto(targets[name])
 
     def get_params(self) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
         """Return ``(arg_params, aux_params)`` as host copies, like ``Module.get_params()``.

@@ -13,7 +13,10 @@ loop in one call and returns an :class:`Update`.
 - :mod:`.optimizer`: creating the optimizer, its settings as plain data;
 - :mod:`.functions`: the update functions;
 - :mod:`.step`: :class:`Update` and :func:`prepare_update`;
-- :mod:`.fused_updater`: SGD, NAG and Adam as one fused kernel per parameter.
+- :mod:`.fused_updater`: SGD, NAG and Adam as one fused kernel per parameter;
+- :mod:`.seed`: MXNet's own names and call forms (``_create_kvstore``,
+  ``_initialize_kvstore``, ``_update_params_on_kvstore``, ``_update_params``), so
+  that a loop written against ``mx.model``'s switches by changing its imports.
 """
 
 from .functions import (
@@ -25,11 +28,16 @@ from .functions import (
 )
 from .kvstore import KVStoreLike, create_kvstore, initialize_kvstore, kvstore_keys
 from .optimizer import create_optimizer, optimizer_settings
+from .seed import _create_kvstore, _initialize_kvstore, _update_params, _update_params_on_kvstore
 from .step import Update, prepare_update
 
 __all__ = [
     "KVStoreLike",
     "Update",
+    "_create_kvstore",
+    "_initialize_kvstore",
+    "_update_params",
+    "_update_params_on_kvstore",
     "create_kvstore",
     "create_optimizer",
     "initialize_kvstore",
