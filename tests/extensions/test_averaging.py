@@ -182,3 +182,14 @@ def test_stopped_and_resumed_equals_uninterrupted_averages_included(tmp_path, co
     # SWA's own statistics (the EMA's are the loop's, which a mid-epoch save on two devices
     # averages over them: MainLoop's Notes).
     assert_identical(host(full_averages[1].get_params()[1]), host(resumed[1].get_params()[1]))
+
+
+def test_each_checkpoint_holds_the_averaged_model_in_mxnets_format(tmp_path):
+    from mxoid.checkpoint import latest_checkpoint
+
+    ema = ExponentialMovingAverage(decay=0.9)
+    loop_of([ema], ONE_CPU, directory=tmp_path / "run", epochs=2).run()
+    folder = latest_checkpoint(str(tmp_path / "run"))
+    module = mx.mod.Module.load(f"{folder.path}/ema", 2)
+    module.bind(data_shapes=[("data", (20, 10))], label_shapes=[("softmax_label", (20,))])
+    assert_identical(host(module.get_params()[0]), host(ema.get_params()[0]))
