@@ -29,6 +29,7 @@ _EXPORTS = {
     "EarlyStopping": "extensions",
     "Evaluate": "extensions",
     "Extension": "extensions",
+    "ExponentialMovingAverage": "extensions",
     "FinishAfter": "extensions",
     "JSONLinesLog": "extensions",
     "LearningRateSchedule": "extensions",
@@ -41,6 +42,7 @@ _EXPORTS = {
     "Printing": "extensions",
     "ProgressBar": "extensions",
     "ReduceLROnPlateau": "extensions",
+    "StochasticWeightAveraging": "extensions",
     "TensorBoard": "extensions",
     "Timing": "extensions",
     "TrackBest": "extensions",
@@ -48,6 +50,7 @@ _EXPORTS = {
     "TrainingMonitoring": "extensions",
     "TrainingStatus": "log",
     "allreduce_sums": "distributed",
+    "average_checkpoints": "checkpoint.averaging",
     "load_params": "checkpoint.loading",
     "read_log": "log",
     "seed_everything": "checkpoint.random_state",
@@ -129,6 +132,7 @@ if __import__("os").environ.get("DMLC_ROLE") == "worker":
 # first use (they are in __all__, which ruff cannot read, hence the noqa).
 if TYPE_CHECKING:  # pragma: no cover
     from .checkpoint import CheckpointError  # noqa: F401
+    from .checkpoint.averaging import average_checkpoints  # noqa: F401
     from .checkpoint.loading import load_params  # noqa: F401
     from .checkpoint.random_state import seed_everything  # noqa: F401
     from .data import DataLoaderIter, Prefetch  # noqa: F401
@@ -141,6 +145,7 @@ if TYPE_CHECKING:  # pragma: no cover
         DataCheck,
         EarlyStopping,
         Evaluate,
+        ExponentialMovingAverage,
         Extension,
         FinishAfter,
         JSONLinesLog,
@@ -151,6 +156,7 @@ if TYPE_CHECKING:  # pragma: no cover
         Printing,
         ProgressBar,
         ReduceLROnPlateau,
+        StochasticWeightAveraging,
         TensorBoard,
         Timing,
         TrackBest,

@@ -7,6 +7,7 @@
     mxoid plot runs/digits/log.jsonl -o curves.png            # learning curves
     mxoid launch -n 2 -- python train.py                      # see mxoid.distributed.launch
     mxoid native                                              # build the fused metric operator
+    mxoid average runs/nmt --best 4 --by valid_perplexity --min -o averaged   # checkpoints
 
 ``python -m mxoid`` is the same command. Logs are files written by
 :class:`~mxoid.extensions.JSONLinesLog` or :class:`~mxoid.extensions.CSVLog`,
@@ -48,9 +49,9 @@ PLOT_EXTRA = (
     "pip install 'mxoid[plot]' (or: pip install matplotlib)"
 )
 DESCRIPTION = """\
-Look at the logs that JSONLinesLog and CSVLog write, or launch a distributed
-training job. Exit status: 0 on success, 1 for bad input (missing file, empty
-log, not a log, unknown record), 2 for bad usage."""
+Look at the logs that JSONLinesLog and CSVLog write, launch a distributed
+training job, or average checkpoints. Exit status: 0 on success, 1 for bad
+input (missing file, empty log, not a log, unknown record), 2 for bad usage."""
 
 _CELL_WIDTH = 40
 
@@ -287,6 +288,40 @@ def native(args: argparse.Namespace) -> int:
     return 0
 
 
+def average(args: argparse.Namespace) -> int:
+    """Average a Checkpoint directory's best (or last) N checkpoints into MXNet's files."""
+    from .checkpoint.averaging import average_checkpoints, choose_checkpoints, write_average
+    from .checkpoint.format import CheckpointError
+
+    if not os.path.isdir(args.directory):
+        raise InputError(f"{args.directory}: no such directory")
+    if (args.best is None) == (args.last is None) or (args.best is not None) != bool(args.by):
+        raise InputError("give --best N with --by RECORD, or --last N")
+    n = args.best or args.last
+    if n < 1:
+        raise InputError(f"N must be at least 1, got {n}")
+    mode = args.mode or ("max" if args.by and _higher_is_better(args.by) else "min")
+    try:
+        folders = choose_checkpoints(args.directory, n, args.by, mode)
+        if not folders:
+            found = "with the record " + repr(args.by) if args.by else "at all"
+            raise InputError(f"{args.directory} holds no checkpoint {found}")
+        written = write_average(args.output, folders, average_checkpoints(folders))
+    except (CheckpointError, ValueError, OSError) as error:
+        raise InputError(str(error)) from None
+    print(f"averaged {len(folders)} checkpoints:")
+    for folder in folders:
+        print(f"  {folder}")
+    print("wrote " + ", ".join(written))
+    return 0
+
+
+def _higher_is_better(record: str) -> bool:
+    return any(
+        word in record.lower() for word in ("acc", "f1", "auc", "precision", "recall", "bleu")
+    )
+
+
 # -------------------------------------------------------------------- main
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -355,6 +390,27 @@ def _parser() -> argparse.ArgumentParser:
         "in the background and computes its metrics with MXNet's operators until then.",
     )
     native_parser.set_defaults(handler=native)
+
+    average_parser = commands.add_parser(
+        "average",
+        help="average the best or last N checkpoints of a Checkpoint directory (as Sockeye)",
+        description="Average the parameters of a Checkpoint directory's best N checkpoints by "
+        "a record of their logs (--best N --by RECORD, lower is better with --min, higher "
+        "with --max; by default higher for accuracies) or its last N (--last N), and write "
+        "OUT-symbol.json and OUT-0000.params (mx.mod.Module.load(OUT, 0)); for a Gluon "
+        "block's checkpoints also OUT.params (block.load_parameters) and OUT-net-symbol.json.",
+    )
+    average_parser.add_argument("directory", metavar="DIR", help="a Checkpoint directory")
+    average_parser.add_argument("--best", type=int, metavar="N", help="the best N by --by")
+    average_parser.add_argument("--last", type=int, metavar="N", help="the newest N")
+    average_parser.add_argument("--by", metavar="RECORD", help="e.g. valid_cross_entropy")
+    direction = average_parser.add_mutually_exclusive_group()
+    direction.add_argument("--min", dest="mode", action="store_const", const="min")
+    direction.add_argument("--max", dest="mode", action="store_const", const="max")
+    average_parser.add_argument(
+        "-o", "--output", required=True, metavar="OUT", help="the prefix of the files written"
+    )
+    average_parser.set_defaults(handler=average)
 
     commands.add_parser(
         "launch",

@@ -177,14 +177,16 @@ def predict_on(
         manager.synchronize()
 
 
-def score_on(loop: Any, iterator: mx.io.DataIter, metrics: Any, name: str) -> Dict[str, float]:
+def score_on(
+    loop: Any, iterator: mx.io.DataIter, metrics: Any, name: str, parameters: Any = None
+) -> Dict[str, float]:
     """Return the records an :class:`~mxoid.extensions.Evaluate` of ``loop`` computes now.
 
     What :meth:`mxoid.MainLoop.score` does; nothing is written into the log.
     """
     from .extensions.evaluation import Evaluate
 
-    evaluation = Evaluate({name: iterator}, metrics, name=f"score_{name}")
+    evaluation = Evaluate({name: iterator}, metrics, name=f"score_{name}", parameters=parameters)
     evaluation.attach(loop)
     return evaluation.evaluate()
 

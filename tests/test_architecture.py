@@ -15,7 +15,17 @@ import mxoid
 PACKAGE = Path(mxoid.__file__).parent
 # lazy: lazy_exports, used by the package root and by mxoid.distributed alike (a subpackage
 # may not import the root, and the root should not import a concern's folder to build itself).
-TOP_LEVEL = {"__init__", "__main__", "cli", "compat", "errors", "inference", "launch", "lazy"}
+TOP_LEVEL = {
+    "__init__",
+    "__main__",
+    "cli",
+    "compat",
+    "errors",
+    "inference",
+    "launch",
+    "lazy",
+    "schedules",
+}
 FOLDERS = {
     "checkpoint",
     "data",

@@ -10,9 +10,11 @@ NaNGuard), :mod:`.selection` (TrackBest), :mod:`.training`
 (LearningRateSchedule, ReduceLROnPlateau, ClipGradientNorm), :mod:`.inspection`
 (Monitor), :mod:`.data_check` (DataCheck), :mod:`.saveload` (Checkpoint), :mod:`.printing`
 (Printing), :mod:`.progress` (ProgressBar), :mod:`.timing` (Timing), :mod:`.log_writers`
-(JSONLinesLog, CSVLog), :mod:`.tensorboard` (TensorBoard).
+(JSONLinesLog, CSVLog), :mod:`.tensorboard` (TensorBoard), :mod:`.averaging`
+(ExponentialMovingAverage) and :mod:`.swa` (StochasticWeightAveraging).
 """
 
+from .averaging import ExponentialMovingAverage
 from .base import FIRING_KEYWORDS, HOOKS, Extension, OnLogRecord
 from .data_check import DataCheck, DataError
 from .evaluation import Evaluate
@@ -25,6 +27,7 @@ from .progress import ProgressBar
 from .saveload import Checkpoint
 from .selection import TrackBest
 from .stopping import EarlyStopping, FinishAfter, NaNGuard
+from .swa import StochasticWeightAveraging
 from .tensorboard import TensorBoard
 from .timing import Timing
 from .training import ClipGradientNorm, LearningRateSchedule, ReduceLROnPlateau
@@ -39,6 +42,7 @@ __all__ = [
     "DataError",
     "EarlyStopping",
     "Evaluate",
+    "ExponentialMovingAverage",
     "Extension",
     "FinishAfter",
     "JSONLinesLog",
@@ -49,6 +53,7 @@ __all__ = [
     "Printing",
     "ReduceLROnPlateau",
     "ProgressBar",
+    "StochasticWeightAveraging",
     "TensorBoard",
     "Timing",
     "TrackBest",

@@ -426,6 +426,16 @@ class Extension:
         """
         return None
 
+    def checkpoint_files(
+        self, arg_params: Dict[str, Any], aux_params: Dict[str, Any]
+    ) -> Dict[str, Callable[[str], Any]]:
+        """Return file name -> writer(path) of files this extension adds to each checkpoint.
+
+        ``arg_params`` / ``aux_params``: the model saved. None here;
+        :class:`~mxoid.ExponentialMovingAverage` writes its averaged model.
+        """
+        return {}
+
     # State carried by checkpoints.
     def state_dict(self) -> Dict[str, Any]:
         """Return the extension's own state as plain data; stateless extensions return ``{}``."""

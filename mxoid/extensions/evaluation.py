@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 import mxnet as mx
@@ -68,6 +69,11 @@ class Evaluate(MetricsExtension):
     metrics : dict or metric or list of metrics
         Output name (``'softmax'`` or ``'softmax_output'``) -> metric or list
         of metrics; a metric or list alone when the symbol has one output.
+    parameters : ExponentialMovingAverage or StochasticWeightAveraging, optional
+        Evaluate these averages instead of the parameters: swapped into the
+        network's arrays for the evaluation, and back
+        (:meth:`~mxoid.extensions.averaging.ParameterAverage.swapped_in`).
+        Give the Evaluate its own iterator names (``{"ema_valid": valid}``).
     **kwargs
         Firing conditions and options of :class:`Extension`. Without any
         firing condition, it fires after every epoch (``every_n_epochs=1``).
@@ -97,7 +103,11 @@ class Evaluate(MetricsExtension):
     """
 
     def __init__(
-        self, iterators: Mapping[str, mx.io.DataIter], metrics: MetricsSpec, **kwargs: Any
+        self,
+        iterators: Mapping[str, mx.io.DataIter],
+        metrics: MetricsSpec,
+        parameters: Any = None,
+        **kwargs: Any,
     ) -> None:
         if not isinstance(iterators, Mapping) or not iterators:
             raise TypeError(
@@ -119,6 +129,7 @@ class Evaluate(MetricsExtension):
             kwargs["every_n_epochs"] = 1
         super().__init__(metrics, **kwargs)
         self.iterators: Dict[str, mx.io.DataIter] = dict(iterators)
+        self.parameters = parameters
         self._accumulators: Dict[str, MetricAccumulator] = {}
         self._records: Dict[str, List[str]] = {}
         self._pacers: Dict[str, Optional[Pacer]] = {}
@@ -217,9 +228,11 @@ class Evaluate(MetricsExtension):
         loop.manager.reconcile_aux_states()
         loop.synchronize()
         records: Dict[str, float] = {}
+        swapped = self.parameters.swapped_in() if self.parameters is not None else nullcontext()
         try:
-            for name, iterator in self.iterators.items():
-                records.update(zip(self._records[name], self._evaluate(name, iterator)))
+            with swapped:
+                for name, iterator in self.iterators.items():
+                    records.update(zip(self._records[name], self._evaluate(name, iterator)))
         finally:
             loop.synchronize()  # nor any training step while evaluation is in flight
         return records

@@ -69,7 +69,10 @@ class LearningRateSchedule(Extension):
     optimizer, which is the one that updates the parameters both with a
     local updater and with ``update_on_kvstore`` on a local kvstore (the
     kvstore's updater holds the same object). It also fires when training
-    resumes, so a resumed run continues on the schedule.
+    resumes, so a resumed run continues on the schedule: an ``LRScheduler``'s
+    own counters and rates are in the checkpoints (:meth:`state_dict`), and
+    :mod:`mxoid.schedules` (warmup, Noam, inverse square root, cosine) depend
+    on the step alone.
 
     The record ``learning_rate`` is written whenever the rate changes (and
     the first time it is set), in the current row: a rate set before batch
@@ -158,6 +161,30 @@ class LearningRateSchedule(Extension):
         if rate != self._recorded:
             self.main_loop.log.current_row[LEARNING_RATE] = rate
             self._recorded = rate
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the rate last recorded and an ``LRScheduler``'s own counters and rates.
+
+        MXNet's schedulers change themselves as they are called (``FactorScheduler``'s
+        ``base_lr`` and ``count``, ``MultiFactorScheduler``'s ``cur_step_ind``): their
+        plain attributes are saved, so a resumed run continues the schedule exactly.
+        """
+        state: Dict[str, Any] = {"recorded": self._recorded}
+        if isinstance(self.schedule, mx.lr_scheduler.LRScheduler):
+            state["scheduler"] = {k: v for k, v in vars(self.schedule).items() if _plain(v)}
+        return state
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned."""
+        self._recorded = state.get("recorded")
+        for name, value in state.get("scheduler", {}).items():
+            setattr(self.schedule, name, list(value) if isinstance(value, list) else value)
+
+
+def _plain(value: Any) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, (bool, int, float, str))
 
 
 class ReduceLROnPlateau(Extension):

@@ -486,13 +486,18 @@ class MainLoop:
     def checkpoint_files(
         self, arg_params: Dict[str, mx.nd.NDArray], aux_params: Dict[str, mx.nd.NDArray]
     ) -> Dict[str, Callable[[str], Any]]:
-        """Return the files a checkpoint holds beside MXNet's, by name: the network's.
+        """Return the files a checkpoint holds beside MXNet's, by name.
 
         A Gluon block's (:meth:`mxoid.network.GluonNetwork.checkpoint_files`); none for a
-        symbol. With ``dist_sync`` and the optimizer on the servers, the servers' optimizer
+        symbol. Then each extension's (:meth:`Extension.checkpoint_files`: an average's
+        model). With ``dist_sync`` and the optimizer on the servers, the servers' optimizer
         states too (:func:`.server_optimizer.server_states_file`: rank 0 asks the servers).
         """
-        files = self.network.checkpoint_files(arg_params, aux_params)
+        files: Dict[str, Callable[[str], Any]] = {}
+        for extension in self.extensions:
+            files.update(extension.checkpoint_files(arg_params, aux_params))
+        # The network's last: a Gluon block is set to the values it is given, the model's.
+        files.update(self.network.checkpoint_files(arg_params, aux_params))
         return {**files, **server_states_file(self)}
 
     def gather_rank_states(self, mxnet_seed: int) -> Optional[List[Dict[str, Any]]]:
@@ -552,16 +557,18 @@ class MainLoop:
         return predict_on(self.manager, self.network, iterator, outputs, self.max_batches_ahead)
 
     def score(
-        self, iterator: mx.io.DataIter, metrics: Any, name: str = "valid"
+        self, iterator: mx.io.DataIter, metrics: Any, name: str = "valid", parameters: Any = None
     ) -> Dict[str, float]:
         """Return the records :class:`~mxoid.extensions.Evaluate` computes on ``iterator`` now.
 
         ``metrics`` as Evaluate takes them; records ``<name>_<metric>``; nothing
-        is logged. In distributed training every worker calls it.
+        is logged. ``parameters``: an average to evaluate instead of the
+        parameters (:class:`~mxoid.ExponentialMovingAverage`). In distributed
+        training every worker calls it.
         """
         from ..inference import score_on
 
-        return score_on(self, iterator, metrics, name)
+        return score_on(self, iterator, metrics, name, parameters)
 
     # -------------------------------------------------------------- profile
     def profile(self) -> List[tuple]:
