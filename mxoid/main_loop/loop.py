@@ -488,9 +488,9 @@ class MainLoop:
     ) -> Dict[str, Callable[[str], Any]]:
         """Return the files a checkpoint holds beside MXNet's, by name.
 
-        A Gluon block's (:meth:`mxoid.network.GluonNetwork.checkpoint_files`); none for a
-        symbol. Then each extension's (:meth:`Extension.checkpoint_files`: an average's
-        model). With ``dist_sync`` and the optimizer on the servers, the servers' optimizer
+        Each extension's (:meth:`Extension.checkpoint_files`: an average's model), then
+        the network's (a Gluon block's, :meth:`mxoid.network.GluonNetwork.checkpoint_files`;
+        none for a symbol). With ``dist_sync`` and the optimizer on the servers, the servers' optimizer
         states too (:func:`.server_optimizer.server_states_file`: rank 0 asks the servers).
         """
         files: Dict[str, Callable[[str], Any]] = {}
