@@ -490,8 +490,9 @@ class MainLoop:
 
         Each extension's (:meth:`Extension.checkpoint_files`: an average's model), then
         the network's (a Gluon block's, :meth:`mxoid.network.GluonNetwork.checkpoint_files`;
-        none for a symbol). With ``dist_sync`` and the optimizer on the servers, the servers' optimizer
-        states too (:func:`.server_optimizer.server_states_file`: rank 0 asks the servers).
+        none for a symbol). With ``dist_sync`` and the optimizer on the servers, the
+        servers' optimizer states too (:func:`.server_optimizer.server_states_file`: rank 0
+        asks the servers).
         """
         files: Dict[str, Callable[[str], Any]] = {}
         for extension in self.extensions:
