@@ -12,6 +12,17 @@ from mxoid import Extension, MainLoop
 LEARNING = {"learning_rate": 0.05, "momentum": 0.9}
 
 
+class Lines(logging.Handler):
+    """A logging handler that keeps each message (what mx.mon.Monitor and Module.fit log)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
 def regression_target(X):
     return (0.5 * X[:, 0] - 0.3 * X[:, 1]).astype("float32")
 

@@ -8,7 +8,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from conftest import TWO_CPUS, json_from_fresh_python
-from monitored import CountHostSyncs, SyncProbe
+from monitored import CountHostSyncs, Lines, SyncProbe
 from networks import digits_images, dropout_lenet, initial_params
 
 from mxoid import Evaluate, FinishAfter, MainLoop, Monitor
@@ -41,15 +41,6 @@ def monitored_loop(devices, extensions):
         optimizer_params=dict(OPTIMIZER_PARAMS),
         extensions=[FinishAfter(after_n_epochs=1), *extensions],
     )
-
-
-class Lines(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.lines = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
 
 
 def module_fit_monitor(devices, every, pattern, stat_func=None):

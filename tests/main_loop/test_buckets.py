@@ -13,6 +13,7 @@ from buckets import (
     BUCKETS,
     OPTIMIZER_PARAMS,
     Batches,
+    PairKeyIter,
     Replay,
     bucket_iter,
     bucketing_module_fit,
@@ -311,26 +312,6 @@ def test_sentences_an_epoch_leaves_out_are_warned_of():
         MainLoop(sym_gen_of(), whole, extensions=[FinishAfter(after_n_epochs=1)])
 
 
-class PairKeys(mx.io.DataIter):
-    """A BucketSentenceIter whose bucket keys are pairs, as Sockeye's (source, target)."""
-
-    resets_are_deterministic = True  # its shuffle draws from the generators resumption restores
-
-    def __init__(self, iterator):
-        super().__init__(iterator.batch_size)
-        self.iterator = iterator
-        self.provide_data, self.provide_label = iterator.provide_data, iterator.provide_label
-        self.default_bucket_key = (iterator.default_bucket_key,) * 2
-
-    def reset(self):
-        self.iterator.reset()
-
-    def next(self):
-        batch = self.iterator.next()
-        batch.bucket_key = (batch.bucket_key,) * 2
-        return batch
-
-
 def test_tuple_bucket_keys_train_checkpoint_and_resume_exactly(tmp_path):
     """Pairs as bucket keys (which BucketingModule.load cannot read back): the loop trains
     as with the ints, and a run resumed mid-epoch from its checkpoint ends bit-identical."""
@@ -342,7 +323,7 @@ def test_tuple_bucket_keys_train_checkpoint_and_resume_exactly(tmp_path):
     def run(stop, directory, resume=False):
         return MainLoop(
             sym_gen,
-            PairKeys(bucket_iter()),
+            PairKeyIter(bucket_iter()),
             optimizer_params=dict(OPTIMIZER_PARAMS),
             arg_params=initial_params(by_length),
             extensions=[stop, Checkpoint(str(directory), every_n_batches=5)],
@@ -398,15 +379,9 @@ def test_monitor_follows_bucket_switches_as_mx_mon_does_in_bucketing_module_fit(
     the outputs of that bucket's own graph (its unrolled length)."""
     import re
 
+    from monitored import Lines
+
     from mxoid import Monitor
-
-    class Lines(logging.Handler):
-        def __init__(self):
-            super().__init__()
-            self.lines = []
-
-        def emit(self, record):
-            self.lines.append(record.getMessage())
 
     pattern = ".*weight|.*softmax_output"
     replay = Replay(bucket_iter())
