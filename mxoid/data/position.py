@@ -133,14 +133,17 @@ class DataPosition:
             "shapes": shapes,
         }
 
-    def check(self, state: Dict[str, Any], where: str) -> None:
+    def check(self, state: Dict[str, Any], where: str, *, resharded: bool = False) -> None:
         """Raise when this iterator cannot continue from ``state``, saved in checkpoint ``where``.
 
         :class:`ResumeError` when the iterator is not the one of ``state``:
         other inputs or shapes, another kind, or (``NDArrayIter``) another
         number of samples. :class:`CheckpointError` when ``state`` contradicts
         itself (an ``NDArrayIter``'s order that is not one of its samples, a
-        cursor outside them): the checkpoint is damaged.
+        cursor outside them): the checkpoint is damaged. ``resharded``: this
+        iterator is another share of the data (another number of workers), so
+        only its inputs and kind are compared; it does not continue from
+        ``state`` (:meth:`skip_epoch`).
         """
 
         def refuse(what: str) -> None:
@@ -158,6 +161,9 @@ class DataPosition:
             refuse(f"it was an mx.io.NDArrayIter, this is a {type(self.iterator).__name__}")
         if (state["kind"] == "bucketsentenceiter") != (self._sentences is not None):
             refuse(f"it was a {state['kind']} iterator, this is a {type(self.iterator).__name__}")
+        if resharded:
+            self._where = where
+            return
         if self._sentences is not None:
             problem = self._sentences.problem(state)
             if problem is not None and problem.startswith("sizes"):
@@ -213,6 +219,20 @@ class DataPosition:
             it.load_state_dict(state["state"])
         else:
             self._replay(state, epochs_done, epoch_started, batches_done_in_epoch)
+
+    def skip_epoch(self) -> None:
+        """Put the freshly built iterator at the end of its epoch: no batch until the next reset.
+
+        For a job resumed mid-epoch by another number of workers, whose shards
+        cannot continue the interrupted epoch exactly. An ``NDArrayIter`` is
+        moved there; any other iterator reads the rest of its epoch.
+        """
+        it = self.iterator
+        if self._direct:
+            it.cursor = it.num_data  # its next batch would start past the data
+            return
+        for _ in it:
+            pass
 
     def _restore_ndarrayiter(self, state: Dict[str, Any]) -> None:
         it = self.iterator

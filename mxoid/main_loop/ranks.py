@@ -9,7 +9,8 @@ one checkpoint and takes its own entry (:func:`rank_entry`). Where a resumption
 cannot be exact (``dist_async``), rank 0 says so once (:func:`warn_inexact`);
 the servers' optimizer states of ``dist_sync`` are given back by
 :mod:`.server_optimizer`, which warns with :data:`SERVER_STATES_RESTART` when
-it cannot.
+it cannot. A job of another number of workers (:func:`saved_workers` differs)
+takes no entry: :mod:`.resizing` derives each worker's part anew.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = [
     "gather_rank_states",
     "own_state",
     "rank_entry",
+    "saved_workers",
     "warn_inexact",
 ]
 
@@ -79,6 +81,18 @@ def gather_rank_states(loop: MainLoop, mxnet_seed: int) -> Optional[List[Dict[st
     return allgather_json(loop.kvstore, "rank_states", own_state(loop, mxnet_seed))
 
 
+def saved_workers(state: Dict[str, Any]) -> int:
+    """Return the number of workers of the job that saved the loop state ``state``.
+
+    One entry of ``rank_states`` per worker; a checkpoint without them (one
+    process, or an earlier mxoid) says it in its status.
+    """
+    entries = state.get(RANK_STATES)
+    if isinstance(entries, list):
+        return len(entries)
+    return int((state.get("status") or {}).get("num_workers", 1))
+
+
 def rank_entry(state: Dict[str, Any], rank: int, num_workers: int, where: str) -> Dict[str, Any]:
     """Return worker ``rank``'s own part of the loop state ``state`` (of checkpoint ``where``).
 
@@ -106,9 +120,8 @@ def rank_entry(state: Dict[str, Any], rank: int, num_workers: int, where: str) -
     if len(entries) != num_workers:
         raise ResumeError(
             f"checkpoint {where} was saved by {len(entries)} workers, this job has "
-            f"{num_workers}; exact resumption needs the same (each worker's shard and "
-            "position). Resume with the same number of workers, or start a new run from the "
-            "checkpoint's parameters (MainLoop(..., arg_params=...))"
+            f"{num_workers}, and each worker's own part is only that of the same number "
+            "(mxoid.main_loop.resizing derives them anew for another)"
         )
     return entries[rank]
 
@@ -121,5 +134,6 @@ def warn_inexact(loop: MainLoop, state: Dict[str, Any], where: str, stacklevel: 
     if is_asynchronous(kvstore):
         warnings.warn(ASYNC_RESUMPTION.format(path=where), stacklevel=stacklevel + 1)
         return
-    if state.get(RANK_STATES) is None and kvstore.num_workers > 1:
+    resized = saved_workers(state) != kvstore.num_workers  # .resizing warns of it
+    if state.get(RANK_STATES) is None and kvstore.num_workers > 1 and not resized:
         warnings.warn(ONLY_RANK_ZERO.format(path=where), stacklevel=stacklevel + 1)

@@ -19,7 +19,7 @@ from ..checkpoint.format import CheckpointContents, CheckpointError, ResumeError
 from ..data.position import DataPosition
 from ..executor_manager import DataParallelExecutorManager
 from ..executor_manager.initialization import parameter_shapes, shape_differences
-from .ranks import rank_entry
+from .ranks import rank_entry, saved_workers
 
 __all__ = ["check_resumable", "choose_checkpoint"]
 
@@ -77,7 +77,9 @@ def check_resumable(
 
     ``states_on_servers``: a distributed kvstore updates, so the checkpoint holds no
     optimizer states. ``rank`` of ``num_workers``: this worker's, whose own
-    iterator position (:func:`~mxoid.main_loop.ranks.rank_entry`) is checked.
+    iterator position (:func:`~mxoid.main_loop.ranks.rank_entry`) is checked;
+    a checkpoint of another number of workers resumes too
+    (:mod:`~mxoid.main_loop.resizing`), its iterators' inputs checked.
 
     :class:`ResumeError` when it is of another training (the network,
     devices, where the optimizer runs, the batch size, the data);
@@ -134,4 +136,9 @@ def check_resumable(
             f"checkpoint {where} is damaged: it lacks optimizer.states "
             "(the momentum and update counts)"
         )
-    data_position.check(rank_entry(state, rank, num_workers, where)["data_position"], where)
+    saved = saved_workers(state)
+    if saved == num_workers:
+        data_position.check(rank_entry(state, rank, num_workers, where)["data_position"], where)
+    else:  # another share of the same data (mxoid.main_loop.resizing): its inputs only
+        position = rank_entry(state, 0, saved, where)["data_position"]
+        data_position.check(position, where, resharded=True)

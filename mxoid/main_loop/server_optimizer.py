@@ -122,7 +122,7 @@ def give_back_server_states(
     kvstore = loop.kvstore
     dumps = None
     if kvstore.rank == 0:
-        dumps = _dumps_to_load(checkpoint, policy, stacklevel + 1)
+        dumps = _dumps_to_load(checkpoint, policy, kvstore.num_workers, stacklevel + 1)
     parent = os.path.dirname(os.path.abspath(checkpoint.path))
     folder = os.path.join(parent, f".tmp-server-states-{unique_token()}")
     try:
@@ -134,9 +134,14 @@ def give_back_server_states(
 def _dumps_to_load(
     checkpoint: CheckpointContents,
     policy: Callable[[mx.optimizer.Optimizer], List[str]],
+    num_workers: int,
     stacklevel: int,
 ) -> Optional[List[bytes]]:
-    """Return each server's dump with the resume policy applied; None (warned) when none fit."""
+    """Return each server's dump with the resume policy applied; None (warned) when none fit.
+
+    Each server's update rule gets this job's ``num_workers`` (the rows of a
+    reduction key): a job may resume with another number than the checkpoint's.
+    """
     saved: Optional[Dict[str, Any]] = checkpoint.server_states
     here = server_layout()
     why = fix = None
@@ -153,6 +158,7 @@ def _dumps_to_load(
     for dump in saved["servers"]:
         states, server_optimizer = pickle.loads(dump)
         changes = policy(server_optimizer.optimizer)  # the same changes on every server
+        server_optimizer.num_workers = num_workers
         dumps.append(pickle.dumps((states, server_optimizer)))
     for change in changes:
         warnings.warn(f"resuming from {checkpoint.path} with {change}", stacklevel=stacklevel + 1)

@@ -8,7 +8,7 @@ extensions (through the dispatcher), the optimizer step (``loop.update``, with
 :func:`given_settings_win`: the resume policy), the training iterator's
 position, the random states and the gradients of an unfinished accumulation group
 (in distributed training, this worker's own position and random states:
-:mod:`.ranks`).
+:mod:`.ranks`; derived anew for a job of another number of workers: :mod:`.resizing`).
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from ..checkpoint.random_state import get_random_states, set_random_states
 from ..log.files import RESUMED_FROM
 from ..log.records import plain_value
 from .accumulation import restore_gradients
-from .ranks import rank_entry, warn_inexact
+from .ranks import rank_entry, saved_workers, warn_inexact
+from .resizing import follow_worker_count, resume_resized
 from .server_optimizer import give_back_server_states
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -77,23 +78,29 @@ def restore_loop_state(loop: MainLoop, checkpoint: CheckpointContents, stackleve
     """
     state = checkpoint.loop_state
     update = loop.update
-    started = (state.get("optimizer") or {}).get("settings", {})
-    if checkpoint.optimizer_states is not None:
-        restored = update.load_states(checkpoint.optimizer_states)
+    rank, workers = 0, 1
+    if loop.kvstore is not None:
+        rank, workers = loop.kvstore.rank, loop.kvstore.num_workers
+    started, rescale = follow_worker_count(
+        state, (state.get("optimizer") or {}).get("settings", {}), update.settings, workers
+    )
+
+    def policy(restored: mx.optimizer.Optimizer) -> List[str]:
         changes = given_settings_win(
             restored, update.optimizer, update.settings, started, checkpoint.path
         )
+        if rescale is not None:  # the default rescaling, of this job's number of workers
+            restored.rescale_grad = rescale
+        return changes
+
+    if checkpoint.optimizer_states is not None:
+        restored = update.load_states(checkpoint.optimizer_states)
+        changes = policy(restored)
         update.use_optimizer(restored)
         for change in changes:
             warnings.warn(f"resuming from {checkpoint.path} with {change}", stacklevel=stacklevel)
-    give_back_server_states(  # with dist_sync and the optimizer on the servers; collective
-        loop,
-        checkpoint,
-        lambda saved: given_settings_win(
-            saved, update.optimizer, update.settings, started, checkpoint.path
-        ),
-        stacklevel,
-    )
+    # with dist_sync and the optimizer on the servers; collective
+    give_back_server_states(loop, checkpoint, policy, stacklevel)
     loop.log.load_state_dict(state["log"])
     loop.log.current_row[RESUMED_FROM] = checkpoint.path
     status = loop.status
@@ -112,23 +119,25 @@ def restore_loop_state(loop: MainLoop, checkpoint: CheckpointContents, stackleve
     status.stop_requested, status.stop_reason = False, None
     status.training_finished, status.epoch_interrupt_received = False, False
     status.interrupted = None
-    if loop.kvstore is not None:
-        status.rank, status.num_workers = loop.kvstore.rank, loop.kvstore.num_workers
+    status.rank, status.num_workers = rank, workers
     loop.run_id = state.get("run_id") or checkpoint.run_id or loop.run_id
     try:
         loop.dispatcher.load_state_dict(state["extensions"])
     except ValueError as error:
         raise CheckpointError(f"checkpoint {checkpoint.path}: {error}") from None
-    own = rank_entry(state, status.rank, status.num_workers, checkpoint.path)
-    loop.data_position.restore(
-        own["data_position"],
-        status.epochs_done,
-        status.epoch_started,
-        status.iterations_done_in_epoch,
-    )
-    set_random_states(own["random"])
-    if own.get("mxnet_seed") is not None:
-        mx.random.seed(int(own["mxnet_seed"]))
+    if saved_workers(state) != workers:  # another number of workers: each part anew
+        resume_resized(loop, checkpoint, stacklevel)
+    else:
+        own = rank_entry(state, rank, workers, checkpoint.path)
+        loop.data_position.restore(
+            own["data_position"],
+            status.epochs_done,
+            status.epoch_started,
+            status.iterations_done_in_epoch,
+        )
+        set_random_states(own["random"])
+        if own.get("mxnet_seed") is not None:
+            mx.random.seed(int(own["mxnet_seed"]))
     warn_inexact(loop, state, checkpoint.path, stacklevel)
     loop.resumed_from = checkpoint.path
     logger.info(

@@ -115,6 +115,7 @@ def main(argv=None) -> None:
     parser.add_argument("--kvstore", default="dist_sync")
     parser.add_argument("--batch-size", type=int, default=10)
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--batches", type=int, help="FinishAfter(after_n_batches=) as well")
     parser.add_argument("--out", required=True)
     parser.add_argument("--act", choices=("raise", "kill"))
     parser.add_argument("--act-at", type=int, default=5)
@@ -137,6 +138,12 @@ def main(argv=None) -> None:
     parser.add_argument("--resume-from", help="MainLoop's resume_from")
     parser.add_argument(
         "--resume-only-on-rank", type=int, help="the other ranks pass no resume_from"
+    )
+    parser.add_argument(
+        "--save-start",
+        action="store_true",
+        help="write <out>/start_rank<r>.npz (parameters) and .states (the workers' optimizer) "
+        "once MainLoop is built: right after a resumption",
     )
     args = parser.parse_args(argv)
 
@@ -165,7 +172,7 @@ def main(argv=None) -> None:
         )
     valid = shard(*data(60, seed=5), kvstore=kv, batch_size=10, label_name="softmax_label")
     extensions = [
-        FinishAfter(after_n_epochs=args.epochs),
+        FinishAfter(after_n_epochs=args.epochs, after_n_batches=args.batches),
         Evaluate({"valid": valid}, metrics=["acc", "ce"]),
         Touch(args.out, name="everyone"),
         Touch(args.out, name="rank_zero", rank_zero_only=True),
@@ -197,6 +204,13 @@ def main(argv=None) -> None:
         update_on_kvstore=False if args.update_on_workers else None,
         resume_from=None if args.resume_only_on_rank not in (None, kv.rank) else args.resume_from,
     )
+    if args.save_start:
+        start = {name: value.asnumpy() for name, value in loop.get_params()[0].items()}
+        np.savez(os.path.join(args.out, f"start_rank{kv.rank}.npz"), **start)
+        states = loop.update.states()
+        if states is not None:
+            with open(os.path.join(args.out, f"start_rank{kv.rank}.states"), "wb") as handle:
+                handle.write(states)
     loop.run()
 
     params = {name: value.asnumpy() for name, value in loop.get_params()[0].items()}
