@@ -145,7 +145,9 @@ class DataLoaderIter(mx.io.DataIter):
 
     Each sample is loaded with NumPy's and Python's global generators seeded
     from ``(seed, epoch, index)``, and in a worker process MXNet's CPU
-    generator too (see :class:`~mxoid.data.sampling.SeededDataset`): a random
+    generator too, before the first sample of each batch (see
+    :class:`~mxoid.data.sampling.SeededDataset`; a dataset of arrays, which
+    draws nothing, is read unseeded: :func:`~mxoid.data.sampling.draws_nothing`): a random
     augmentation is the same in two runs with the same seed and in a resumed
     epoch, with or without workers, and workers forked with one random state
     do not repeat each other's. In this process (``num_workers=0``,
@@ -233,7 +235,8 @@ class DataLoaderIter(mx.io.DataIter):
         )
         self.keep_short = False
         self._stream: Any = None  # the internal loader's iterator, from the next batch on
-        self._in_process = loader._num_workers == 0  # samples loaded by _read itself
+        # samples loaded by _read itself, the generators' states to give back
+        self._in_process = loader._num_workers == 0 and self._loader._dataset.seeded
         self._served = 0  # batches of the epoch handed out
         self._order.draw(carry=False)
         if not self._order.batches:
