@@ -629,3 +629,32 @@ def test_a_sampler_that_yields_no_indices_is_refused():
     sampler._sampler = ["a", "b", "c", "d"]
     with pytest.raises(TypeError, match="integer indices into the dataset; list yielded 'a'"):
         DataLoaderIter(DataLoader(ArrayDataset(X, y), batch_sampler=sampler))
+
+
+def test_batches_read_in_this_process_equal_gluons_without_waiting_for_the_engine():
+    """Gluon's default_batchify_fn copies a NumPy batch into an NDArray, which waits for
+    every operator queued before it: reading never overlapped training. The batch is now
+    the NumPy array itself, shared: the same values, shapes and types."""
+    from mxnet.gluon.data.dataloader import default_batchify_fn
+
+    from mxoid.data.loader import batchify_without_waiting
+
+    rng = np.random.RandomState(0)
+    samples = [
+        [(rng.rand(3).astype("float32"), float(i), np.int32(i)) for i in range(4)],
+        [rng.rand(2, 2) for _ in range(3)],  # float64 stays float64, as Gluon keeps it
+        [(mx.nd.array(rng.rand(2)), 1.0) for _ in range(2)],  # NDArray samples: Gluon's own
+        [np.array([True, False]) for _ in range(2)],  # bool: Gluon's own
+    ]
+    for data in samples:
+        ours, gluons = batchify_without_waiting(data), default_batchify_fn(data)
+        ours, gluons = (x if isinstance(x, list) else [x] for x in (ours, gluons))
+        for mine, theirs in zip(ours, gluons):
+            assert mine.shape == theirs.shape and mine.dtype == theirs.dtype
+            assert mine.context == theirs.context
+            np.testing.assert_array_equal(mine.asnumpy(), theirs.asnumpy())
+    X, y = numbered(n=6)
+    it = DataLoaderIter(loader(X, y, batch_size=4, transform=jitter))
+    assert it._loader._batchify_fn is batchify_without_waiting
+    custom = DataLoaderIter(loader(X, y, batch_size=4, batchify_fn=default_batchify_fn))
+    assert custom._loader._batchify_fn is batchify_without_waiting  # Gluon's default, given
