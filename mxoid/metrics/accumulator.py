@@ -227,7 +227,8 @@ class MetricAccumulator:
         rows: int,
         metrics: List[DeviceMetric],
     ) -> None:
-        shapes = {name: array.shape for name, array in inputs.items()}
+        arguments = set(graph.list_arguments())  # a metric may read no label ('loss')
+        shapes = {name: array.shape for name, array in inputs.items() if name in arguments}
         outputs = len(graph.list_outputs())
         shapes.update({f"sum{p}": (rows,) for p in range(outputs)})
         try:

@@ -33,6 +33,7 @@ DEVICE_METRIC_NAMES = (
     "mse",
     "mae",
     "rmse",
+    "loss",
     "ce",
     "cross-entropy",
     "nll_loss",
@@ -150,6 +151,13 @@ def _absolute_error(
 ) -> Tuple[mx.sym.Symbol, int]:
     diff = _difference("mae", pred, label, pred_shape, label_shape)
     return mx.sym.sum(mx.sym.abs(diff), axis=1), _elements(label_shape)
+
+
+def _mean_value(
+    pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
+) -> Tuple[mx.sym.Symbol, int]:
+    """MXNet's ``Loss``: the mean of the output's values (a loss's); the label is not read."""
+    return _row_sums(pred, pred_shape), _elements(pred_shape)
 
 
 def _negative_log_likelihood(
@@ -296,6 +304,7 @@ DEVICE_METRICS: Dict[str, Callable[[], DeviceMetric]] = {
     "mse": lambda: DeviceMetric("mse", _squared_error),
     "mae": lambda: DeviceMetric("mae", _absolute_error),
     "rmse": lambda: DeviceMetric("rmse", _squared_error, root=True),
+    "loss": lambda: DeviceMetric("loss", _mean_value),
     "cross_entropy": lambda: DeviceMetric(
         "cross_entropy", _negative_log_likelihood, native="cross_entropy"
     ),
