@@ -26,7 +26,7 @@ import numpy as np
 
 from .sampling import RANDOM_STATE_LOCK, EpochOrder, KeyBatches, SeededDataset
 
-__all__ = ["DataLoaderIter", "as_data_iter", "as_input_iter"]
+__all__ = ["DataLoaderIter", "as_data_iter", "as_input_iter", "batchify_without_waiting"]
 
 Names = Union[str, Sequence[str]]
 
@@ -46,6 +46,7 @@ OTHER_SHAPE = (
     "first batch had {first_shape} and {first_dtype}; DataLoaderIter gives arrays of fixed "
     "shapes: make the dataset's samples, or the loader's batchify_fn, of one shape"
 )
+ZERO_COPY_TYPES = ("float16", "float32", "float64", "uint8", "int8", "int32", "int64")
 NO_BATCHES = "the DataLoader yields no batches: its dataset has {count} sample(s)"
 
 
@@ -145,7 +146,9 @@ class DataLoaderIter(mx.io.DataIter):
 
     Each sample is loaded with NumPy's and Python's global generators seeded
     from ``(seed, epoch, index)``, and in a worker process MXNet's CPU
-    generator too (see :class:`~mxoid.data.sampling.SeededDataset`): a random
+    generator too, before the first sample of each batch (see
+    :class:`~mxoid.data.sampling.SeededDataset`; a dataset of arrays, which
+    draws nothing, is read unseeded: :func:`~mxoid.data.sampling.draws_nothing`): a random
     augmentation is the same in two runs with the same seed and in a resumed
     epoch, with or without workers, and workers forked with one random state
     do not repeat each other's. In this process (``num_workers=0``,
@@ -220,10 +223,13 @@ class DataLoaderIter(mx.io.DataIter):
         self.seed = _seed(seed)
         self._order = EpochOrder(loader._batch_sampler, len(loader._dataset))
         self._keys = KeyBatches()
+        batchify = loader._batchify_fn
+        if batchify is mx.gluon.data.dataloader.default_batchify_fn:
+            batchify = batchify_without_waiting
         self._loader = mx.gluon.data.DataLoader(
             SeededDataset(loader._dataset, threads=loader._thread_pool),
             batch_sampler=self._keys,
-            batchify_fn=loader._batchify_fn,
+            batchify_fn=batchify,
             num_workers=loader._num_workers,
             pin_memory=loader._pin_memory,
             pin_device_id=loader._pin_device_id,
@@ -233,7 +239,8 @@ class DataLoaderIter(mx.io.DataIter):
         )
         self.keep_short = False
         self._stream: Any = None  # the internal loader's iterator, from the next batch on
-        self._in_process = loader._num_workers == 0  # samples loaded by _read itself
+        # samples loaded by _read itself, the generators' states to give back
+        self._in_process = loader._num_workers == 0 and self._loader._dataset.seeded
         self._served = 0  # batches of the epoch handed out
         self._order.draw(carry=False)
         if not self._order.batches:
@@ -428,6 +435,36 @@ class DataLoaderIter(mx.io.DataIter):
             ]
         count = len(self.data_names)
         return arrays[:count], arrays[count:], pad
+
+
+def batchify_without_waiting(data: List[Any]) -> Any:
+    """Return the batch Gluon's ``default_batchify_fn`` makes, made without waiting for MXNet.
+
+    That function copies a batch of NumPy samples into a new NDArray, a copy
+    that waits for every operator queued on the CPU before it (MXNet's engine
+    runs it behind them): the host stops at each batch until the devices have
+    trained the one before, and reading never overlaps training. Here the
+    NumPy batch is shared with the NDArray instead (``mx.nd.from_numpy(...,
+    zero_copy=True)``): the same values, type and shape, nothing queued, and
+    the loop's copy into the executors is queued as any operator. Batches of
+    NDArray samples, and types DLPack does not carry, are Gluon's own.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> batch = batchify_without_waiting([(np.ones(2, "float32"), 0.0), (np.zeros(2, "float32"), 1.0)])
+    >>> [(array.shape, array.dtype.__name__) for array in batch]
+    [((2, 2), 'float32'), ((2,), 'float64')]
+    """  # noqa: E501
+    first = data[0]
+    if isinstance(first, tuple):
+        return [batchify_without_waiting(list(field)) for field in zip(*data)]
+    if isinstance(first, (mx.nd.NDArray, mx.np.ndarray)) or mx.util.is_np_array():
+        return mx.gluon.data.dataloader.default_batchify_fn(data)
+    array = np.ascontiguousarray(np.asarray(data))
+    if array.dtype.name not in ZERO_COPY_TYPES:
+        return mx.gluon.data.dataloader.default_batchify_fn(data)
+    return mx.nd.from_numpy(array, zero_copy=True)
 
 
 def _names(names: Names, what: str) -> Tuple[str, ...]:

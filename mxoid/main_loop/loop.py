@@ -333,6 +333,7 @@ class MainLoop:
             states_on_servers=distributed and on_kvstore,
             rank=kv.rank if distributed else 0,
             num_workers=kv.num_workers if distributed else 1,
+            names=self.network.checkpoint_names,
         )
 
     def _attach_extensions(self, kv: Optional[mx.kv.KVStore], distributed: bool) -> None:

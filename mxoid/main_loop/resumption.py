@@ -10,12 +10,13 @@ the search (the checkpoint is of another training), a
 from __future__ import annotations
 
 import os
-from typing import Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import mxnet as mx
 
 from ..checkpoint import find_checkpoint
 from ..checkpoint.format import CheckpointContents, CheckpointError, ResumeError
+from ..checkpoint.renaming import rename_parameters
 from ..data.position import DataPosition
 from ..executor_manager import DataParallelExecutorManager
 from ..executor_manager.initialization import parameter_shapes, shape_differences
@@ -36,6 +37,7 @@ def choose_checkpoint(
     states_on_servers: bool,
     rank: int = 0,
     num_workers: int = 1,
+    names: Optional[Callable[[CheckpointContents], Dict[str, str]]] = None,
 ) -> Optional[CheckpointContents]:
     """Return the checkpoint ``resume_from`` names that can resume this loop (None: start anew).
 
@@ -43,11 +45,14 @@ def choose_checkpoint(
     extensions (:attr:`~mxoid.Extension.checkpoint_directory`): one of them
     may not exist yet, in a first run. What ``resume_from`` accepts is in
     :mod:`mxoid.checkpoint.directory`; what must match, in :func:`check_resumable`.
+    ``names``: the network's :meth:`~mxoid.network.Network.checkpoint_names`;
+    each checkpoint considered is renamed by it first (:func:`rename_parameters`).
     """
-    return find_checkpoint(
-        resume_from,
-        own_directories,
-        lambda contents: check_resumable(
+
+    def check(contents: CheckpointContents) -> None:
+        if names is not None:
+            rename_parameters(contents, names(contents))
+        check_resumable(
             contents,
             symbol,
             manager,
@@ -57,8 +62,9 @@ def choose_checkpoint(
             states_on_servers=states_on_servers,
             rank=rank,
             num_workers=num_workers,
-        ),
-    )
+        )
+
+    return find_checkpoint(resume_from, own_directories, check)
 
 
 def check_resumable(

@@ -36,6 +36,21 @@ def _real(array: mx.nd.NDArray, valid: int, rows: slice) -> mx.nd.NDArray:
     return array[: valid * (array.shape[0] // device_rows)]
 
 
+def _fits(
+    metric: DeviceMetric, manager: DataParallelExecutorManager, output: str, label: str
+) -> bool:
+    """Return whether ``metric`` reads the output's rows on the devices, or has no host twin."""
+    if metric.host is None:
+        return True  # refused below, saying why
+    pred_shape = tuple(manager.outputs[output][0].shape)
+    label_shape = tuple(manager.labels[label][0].shape)
+    try:
+        metric.per_row(mx.sym.var("pred"), mx.sym.var("label"), pred_shape, label_shape)
+    except ValueError:
+        return False
+    return True
+
+
 class MetricAccumulator:
     """Running sums of metrics over the batches run through one executor manager.
 
@@ -115,6 +130,8 @@ class MetricAccumulator:
                     f"no output named {output!r}; the symbol's outputs are {manager.output_names}"
                 )
             label = label_for_output(output, manager.metric_outputs, manager.label_names)
+            if isinstance(metric, DeviceMetric) and not _fits(metric, manager, output, label):
+                metric = HostMetric(metric.host())  # 'loss' of a loss already averaged
             if isinstance(metric, HostMetric):
                 metric = copy.deepcopy(metric)  # each accumulator keeps its own state
                 self._host.append((metric, manager.outputs[output], manager.labels[label]))
@@ -227,7 +244,8 @@ class MetricAccumulator:
         rows: int,
         metrics: List[DeviceMetric],
     ) -> None:
-        shapes = {name: array.shape for name, array in inputs.items()}
+        arguments = set(graph.list_arguments())  # a metric may read no label ('loss')
+        shapes = {name: array.shape for name, array in inputs.items() if name in arguments}
         outputs = len(graph.list_outputs())
         shapes.update({f"sum{p}": (rows,) for p in range(outputs)})
         try:

@@ -33,6 +33,7 @@ DEVICE_METRIC_NAMES = (
     "mse",
     "mae",
     "rmse",
+    "loss",
     "ce",
     "cross-entropy",
     "nll_loss",
@@ -152,6 +153,19 @@ def _absolute_error(
     return mx.sym.sum(mx.sym.abs(diff), axis=1), _elements(label_shape)
 
 
+def _mean_value(
+    pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
+) -> Tuple[mx.sym.Symbol, int]:
+    """MXNet's ``Loss``: the mean of the output's values (a loss's); the label is not read.
+
+    Per row where the output has a row per label's (a Gluon loss's); else (a loss already
+    averaged, of shape ``(1,)``) a ``ValueError``: MXNet's ``Loss`` on the host takes it.
+    """
+    if not pred_shape or not label_shape or pred_shape[0] != label_shape[0]:
+        raise _shape_error("loss", pred_shape, label_shape, "one value (or row) per row")
+    return _row_sums(pred, pred_shape), _elements(pred_shape)
+
+
 def _negative_log_likelihood(
     pred: mx.sym.Symbol, label: mx.sym.Symbol, pred_shape: Shape, label_shape: Shape
 ) -> Tuple[mx.sym.Symbol, Any]:
@@ -244,6 +258,9 @@ class DeviceMetric:
         The same values with fewer operators, valid when the output and the
         label are both float32 (what :func:`~mxoid.metrics.head.per_row_head`
         builds into a graph where it can tell they are).
+    host : callable, optional
+        Returns the same metric computed on the host, for outputs that
+        ``per_row`` refuses (``'loss'`` of a loss already averaged).
     native : str, optional
         The column of mxoid's fused operator (:mod:`mxoid.metrics.native`)
         that computes the same values, bit for bit, in one operator
@@ -268,8 +285,10 @@ class DeviceMetric:
         exponent: bool = False,
         float32_per_row: Optional[PerRow] = None,
         native: Optional[str] = None,
+        host: Optional[Callable[[], Any]] = None,
     ) -> None:
         self.name = snake_case(name)
+        self.host = host
         self.per_row = per_row
         self.root = root
         self.exponent = exponent
@@ -296,6 +315,7 @@ DEVICE_METRICS: Dict[str, Callable[[], DeviceMetric]] = {
     "mse": lambda: DeviceMetric("mse", _squared_error),
     "mae": lambda: DeviceMetric("mae", _absolute_error),
     "rmse": lambda: DeviceMetric("rmse", _squared_error, root=True),
+    "loss": lambda: DeviceMetric("loss", _mean_value, host=mx.metric.Loss),
     "cross_entropy": lambda: DeviceMetric(
         "cross_entropy", _negative_log_likelihood, native="cross_entropy"
     ),

@@ -102,6 +102,15 @@ class Network:
         """Return what the loop's state records of the network (plain data; none for a symbol)."""
         return {}
 
+    def checkpoint_names(self, contents: Any) -> Dict[str, str]:
+        """Return the checkpoint's parameter names that are named otherwise here: old -> new.
+
+        ``contents``: a checkpoint read (:class:`~mxoid.checkpoint.CheckpointContents`),
+        which :func:`~mxoid.checkpoint.renaming.rename_parameters` renames before
+        resuming from it. A symbol's names are its own: none.
+        """
+        return {}
+
     def check_metrics(self, bound: Sequence[Tuple[str, Any]]) -> None:
         """Raise ``ValueError`` where a metric cannot read the output it is bound to.
 

@@ -46,6 +46,7 @@ from .base import AskHeads, Network
 __all__ = ["GluonNetwork", "input_names", "is_block", "network_inputs"]
 
 OUTPUT, LOSS = "output", "loss"
+STRUCTURE = "gluon_parameters"  # the loop state's record: parameter name by place in the block
 
 NOT_HYBRID = (
     "{what} is a gluon.Block, which mxoid cannot trace to a graph: make it a "
@@ -331,6 +332,36 @@ class GluonNetwork(Network):
                 param.set_data(value)
 
     # ------------------------------------------------------------ checkpoints
+    def state(self) -> Dict[str, Any]:
+        """Return each parameter's name by its place in the block (``net.params``' keys).
+
+        A checkpoint keeps it, so that another instance of the block, whose
+        parameters Gluon named with another prefix, resumes from it
+        (:meth:`checkpoint_names`).
+        """
+        return {STRUCTURE: {place: param.name for place, param in self._by_structure().items()}}
+
+    def checkpoint_names(self, contents: Any) -> Dict[str, str]:
+        """Return the checkpoint's names of parameters named otherwise here, matched by place.
+
+        A second model-zoo network in one process names its parameters
+        ``resnetv11_...`` where the first's checkpoint has ``resnetv10_...``:
+        each is the parameter at the same place in the block (``features.0.weight``,
+        Gluon's ``_collect_params_with_prefix``), so it resumes under the new names.
+        """
+        saved = contents.loop_state.get(STRUCTURE)
+        if not isinstance(saved, dict):
+            return {}  # a checkpoint of mxoid 0.4, or of a symbol: names as they are
+        here = {place: param.name for place, param in self._by_structure().items()}
+        return {
+            old: here[place]
+            for place, old in saved.items()
+            if place in here and isinstance(old, str) and old != here[place]
+        }
+
+    def _by_structure(self) -> Dict[str, gluon.Parameter]:
+        return dict(self.block._collect_params_with_prefix())
+
     def checkpoint_files(
         self, arg_params: Dict[str, mx.nd.NDArray], aux_params: Dict[str, mx.nd.NDArray]
     ) -> Dict[str, Any]:
@@ -346,7 +377,7 @@ class GluonNetwork(Network):
         values = {**aux_params, **arg_params}
         by_structure = {
             structure: values[param.name]
-            for structure, param in self.block._collect_params_with_prefix().items()
+            for structure, param in self._by_structure().items()
             if param.name in values
         }
         return {

@@ -4,6 +4,7 @@ model whenever one can look, and the README's "Coming from Gluon" snippet as pas
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import mxnet as mx
@@ -101,3 +102,46 @@ def test_the_readme_gluon_snippet_runs_as_pasted_twice(tmp_path):
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
         assert "(100, 3)" in done.stdout
     assert len([p for p in (tmp_path / "runs" / "gluon").iterdir() if p.is_dir()]) >= 2
+
+
+def zoo_resnet():
+    """A model-zoo ResNet-18 (thumbnail): each instance of a process gets another prefix."""
+    net = gluon.model_zoo.vision.resnet18_v1(thumbnail=True, classes=4)
+    for param in net.collect_params(".*beta|.*gamma|.*bias").values():
+        param.wd_mult = 0.0  # as GluonCV's --no-wd: multipliers by name, to be renamed
+    mx.random.seed(5)
+    net.initialize(mx.init.Xavier())
+    return net
+
+
+def test_a_second_model_zoo_instance_resumes_from_the_first_ones_checkpoint(tmp_path):
+    """Its parameters are named resnetv1<n+1>_...: matched by place in the block (the keys
+    of net.params), the resumed run equals the uninterrupted one bit for bit, parameters,
+    running statistics and momentum included, and nothing is warned of."""
+    X = np.random.RandomState(0).rand(16, 3, 32, 32).astype("float32")
+    y = (np.arange(16) % 4).astype("float32")
+
+    def train(net, batches, **options):
+        MainLoop(
+            net,
+            gluon.data.DataLoader(gluon.data.ArrayDataset(X, y), 4),
+            loss=gluon.loss.SoftmaxCrossEntropyLoss(),
+            optimizer="sgd",
+            optimizer_params={"learning_rate": 0.05, "momentum": 0.9, "wd": 1e-3},
+            extensions=[FinishAfter(after_n_batches=batches), *options.pop("extensions", [])],
+            **options,
+        ).run()
+        return {k: p.data().asnumpy() for k, p in net._collect_params_with_prefix().items()}
+
+    whole = train(zoo_resnet(), 3)
+    first = zoo_resnet()
+    train(first, 1, extensions=[Checkpoint(str(tmp_path), every_n_batches=1)])
+    second = zoo_resnet()
+    assert first.prefix != second.prefix  # resnetv1<n>_ and resnetv1<n+1>_
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        resumed = train(second, 3, resume_from=str(tmp_path))
+    assert not [w for w in caught if "resuming from" in str(w.message)]  # lr_mult, wd_mult
+    assert resumed.keys() == whole.keys()
+    for place, value in whole.items():
+        np.testing.assert_array_equal(resumed[place], value, err_msg=place)

@@ -297,3 +297,44 @@ def test_accuracy_of_float32_outputs_takes_fewer_operators_and_counts_every_labe
     assert _head_operators(lean).count("Cast") == 1 and "fix" in _head_operators(lean)
     assert _head_operators(robust).count("Cast") == 4
     assert len(_head_operators(robust)) - len(_head_operators(lean)) == 2
+
+
+def test_the_loss_metric_is_summed_on_the_devices_as_mxnets_loss_reads_it():
+    """'loss' (a Gluon block's record of its loss) was MXNet's Loss on the host, a sync per
+    batch; on the devices it is the same mean of the output's values over the real rows."""
+    [metric] = create_metrics("loss")
+    assert isinstance(metric, DeviceMetric) and metric.name == "loss"
+    X, y = classification_data(n=50)
+    it = mx.io.NDArrayIter(X, y, batch_size=16, label_name="softmax_label")  # padded last batch
+    loop = MainLoop(mlp(), it, contexts=TWO_CPUS, extensions=[FinishAfter(after_n_epochs=1)])
+    manager = loop.manager.evaluation_manager(it.provide_data, it.provide_label)
+    on_devices = MetricAccumulator(manager, [("softmax_output", metric)])
+    on_host = MetricAccumulator(manager, [("softmax_output", HostMetric(mx.metric.Loss()))])
+    for batch in it:
+        manager.load_data_batch(batch)
+        manager.forward()
+        on_devices.update()
+        on_host.update()
+    assert on_devices.rows == on_host.rows == 50
+    assert on_devices.values() == [pytest.approx(on_host.values()[0], rel=1e-6)]
+
+
+def test_the_loss_metric_of_a_loss_already_averaged_stays_mxnets_on_the_host():
+    """A MakeLoss of a mean gives one value per batch, not per row: MXNet's Loss reads it."""
+    X, y = classification_data(n=40)
+    fc = mx.sym.FullyConnected(mx.sym.var("data"), num_hidden=1, name="fc")
+    diff = mx.sym.reshape(fc, shape=(-1,)) - mx.sym.var("lin_label")
+    symbol = mx.sym.MakeLoss(mx.sym.mean(mx.sym.square(diff)), name="lin")
+    it = mx.io.NDArrayIter(X, y, batch_size=16, label_name="lin_label")
+    loop = MainLoop(symbol, it, extensions=[FinishAfter(after_n_epochs=1)])
+    manager = loop.manager.evaluation_manager(it.provide_data, it.provide_label)
+    made = MetricAccumulator(manager, [("lin_output", m) for m in create_metrics("loss")])
+    assert isinstance(made.metrics[0], HostMetric) and made.metrics[0].name == "loss"
+    reference = MetricAccumulator(manager, [("lin_output", HostMetric(mx.metric.Loss()))])
+    it.reset()
+    for batch in it:
+        manager.load_data_batch(batch)
+        manager.forward()
+        made.update()
+        reference.update()
+    assert made.values() == reference.values() and np.isfinite(made.values()[0])

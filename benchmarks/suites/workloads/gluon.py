@@ -23,8 +23,10 @@ from harness.targets import ratios
 
 NAME = "gluon"  # the results' name and run.py's alias
 REFERENCE = "gluon_hybrid"
-LOADER_CONTENDERS = (
-    "gluon_hybrid_loader mxoid_gluon_loader gluon_hybrid_loader_w2 mxoid_gluon_loader_w2".split()
+LOADER_CONTENDERS = tuple(
+    f"{name}{suffix}"
+    for suffix in ("", "_w2")
+    for name in ("gluon_hybrid_loader", "gluon_hybrid_acc_loader", "mxoid_gluon_loader")
 )
 ALL_CONTENDERS = tuple(
     "gluon_hybrid gluon_hybrid_acc mxoid_gluon mxoid_gluon_bare estimator".split()
@@ -37,7 +39,9 @@ LABELS = {
     "estimator": "Gluon Estimator, DataLoader",
     "gluon_hybrid_loader": "Gluon hybridized, DataLoader",
     "mxoid_gluon_loader": "mxoid everyday, DataLoader",
+    "gluon_hybrid_acc_loader": "Gluon hybridized, accuracy, DataLoader",
     "gluon_hybrid_loader_w2": "Gluon hybridized, DataLoader 2 workers",
+    "gluon_hybrid_acc_loader_w2": "Gluon hybridized, accuracy, DataLoader 2 workers",
     "mxoid_gluon_loader_w2": "mxoid everyday, DataLoader 2 workers",
 }
 # Every contender computes what the reference computes: the same graph, the same
@@ -141,6 +145,8 @@ RATIOS = (
     ("mxoid_gluon", REFERENCE, 1.0, True, None),
     ("mxoid_gluon", "estimator", 1.0, True, None),
     ("mxoid_gluon_loader", "estimator", 1.0, True, None),
+    ("mxoid_gluon_loader", "gluon_hybrid_acc_loader", 1.2, True, None),
+    ("mxoid_gluon_loader_w2", "gluon_hybrid_acc_loader_w2", 1.2, True, None),
     ("mxoid_gluon_bare", REFERENCE, 1.0, False, None),
     ("mxoid_gluon_loader", "gluon_hybrid_loader", 1.0, False, None),
     ("mxoid_gluon_loader_w2", "gluon_hybrid_loader_w2", 1.0, False, None),
@@ -153,7 +159,9 @@ def targets(rows: List[dict]) -> List[dict]:
     """Issue 30's targets for the cells of this run (``is_target``): mxoid with the
     everyday extensions >= 1.5x the Gluon loop with accuracy on MLP b32, >= 1.0x the
     Gluon loop without a metric on every cell, ahead of the estimator (on the
-    iterator and on the estimator's own DataLoader); then comparisons (ratios with
+    iterator and on the estimator's own DataLoader); issue 38's: mxoid fed by a
+    DataLoader (no worker, two workers) >= 1.2x the Gluon loop with accuracy on the
+    same loader; then comparisons (ratios with
     their intervals, no target): mxoid bare, the DataLoader-fed loops, the metric's
     cost to Gluon, the estimator against the loop it replaces."""
     return ratios(rows, RATIOS, CONTEST)

@@ -33,6 +33,7 @@ VALIDATE_ENV = "GLUON_SUITE_VALIDATE"
 VALIDATION_SAMPLES = 200  # not a multiple of 32 or 128: a short last batch, padded or kept
 VALIDATION_FILE = "validation.json"
 LOADER_WORKERS = {"": 0, "_w2": 2}  # the DataLoader contenders: suffix -> num_workers
+HAND_LOADER = ("gluon_hybrid_loader", "gluon_hybrid_acc_loader")  # the hand loops on a loader
 # mxoid_gluon's TrainingMonitoring: the block's accuracy and the loss; the symbol
 # workload's ['acc', 'ce'] would take the block's raw scores for probabilities (mxoid
 # records train_ce as nan)
@@ -54,7 +55,7 @@ def prepare(spec: dict):
     LOADERS.clear()
     for name in spec.get("contenders") or [spec["contender"]]:
         for suffix, workers in LOADER_WORKERS.items():
-            if name == f"gluon_hybrid_loader{suffix}":
+            if name in (f"{hand}{suffix}" for hand in HAND_LOADER):
                 LOADERS[name] = data_loader(spec, X, y, workers)
             elif name == f"mxoid_gluon_loader{suffix}":
                 from mxoid.data import DataLoaderIter
@@ -291,6 +292,7 @@ CONTENDERS = {
 for _suffix in LOADER_WORKERS:
     for _name, _function in (
         ("gluon_hybrid_loader", gluon_loop),
+        ("gluon_hybrid_acc_loader", lambda *a, **k: gluon_loop(*a, metric=True, **k)),
         ("mxoid_gluon_loader", mxoid_gluon),
     ):
         _name += _suffix
