@@ -41,6 +41,7 @@ SCRIPTS = (
     "fit.py",
     "own_loop.py",
     "train_gluon.py",
+    "recipes.py",
 )
 
 
@@ -186,6 +187,49 @@ def test_gluon_example_trains_the_block_which_then_predicts_and_resumes(tmp_path
     rows = read_log(output / "log.jsonl", all_runs=True)
     evaluated = [(row["run"], row["epochs_done"]) for row in rows if "valid_accuracy" in row]
     assert [epoch for run, epoch in evaluated if run == 2 and epoch != 4] == [5]
+
+
+def test_recipes_prints_what_the_ema_and_the_checkpoint_average_add(tmp_path):
+    """Warmup + cosine, an EMA and the best 3 checkpoints averaged: the three test
+    accuracies printed (the EMA's as its Evaluate logged it), and the averaged model,
+    the mean of the checkpoints it names, loads in Module.load."""
+    import mxnet as mx
+
+    output = tmp_path / "run"
+    out, err = run("recipes.py", "--epochs", 6, "--output-dir", output, cwd=tmp_path)
+    assert "Traceback" not in err and "Subgraph backend" not in err + out
+    found = {
+        label: float(value)
+        for label, value in re.findall(
+            r"^  (final parameters|EMA \(decay 0\.99\)|average of best 3) +(\d\.\d{4})",
+            out,
+            re.M,
+        )
+    }
+    assert len(found) == 3 and all(value > 0.8 for value in found.values()), out
+    rows = read_log(output / "log.jsonl")
+    assert f"{rows[-1]['ema_test_accuracy']:.4f}" == f"{found['EMA (decay 0.99)']:.4f}"
+    assert f"{rows[-1]['test_accuracy']:.4f}" == f"{found['final parameters']:.4f}"
+    # The learning rate rose over the first epoch's 40 steps, then fell to near 0.
+    rates = [row["learning_rate"] for row in rows if "learning_rate" in row]
+    assert rates and max(rates) == pytest.approx(0.1, rel=0.05) and rates[-1] < 0.01
+    chosen = re.search(r"^averaged: (.+)$", out, re.M).group(1).split(", ")
+    assert len(chosen) == 3
+    module = mx.mod.Module.load(str(output / "averaged"), 0)
+    module.bind(
+        data_shapes=[("data", (1, 1, 8, 8))],
+        label_shapes=[("softmax_label", (1,))],
+        for_training=False,
+    )
+    arg_params, _ = module.get_params()
+    checkpoints = [
+        mx.nd.load(str(next((output / "checkpoints" / folder).glob("model-*.params"))))
+        for folder in chosen
+    ]
+    assert set(arg_params) == {name[4:] for name in checkpoints[0] if name.startswith("arg:")}
+    for name, value in arg_params.items():
+        mean = np.mean([c[f"arg:{name}"].asnumpy() for c in checkpoints], axis=0)
+        np.testing.assert_allclose(value.asnumpy(), mean, rtol=1e-6, atol=1e-7)
 
 
 def test_digits_needs_the_examples_extra(tmp_path, monkeypatch):
