@@ -42,21 +42,29 @@ def test_a_ctrl_c_is_acknowledged_within_a_second_and_a_second_one_is_never_lost
     the engine catches up, and a second one 50 ms later is not lost (Python keeps one
     pending flag per signal: before, the two became one), so training stops after the
     current batch, the epoch's last, with exit status 130."""
-    process = start()
-    try:
-        read_until(process.stdout, "QUEUED 150", time.monotonic() + 120)
-        time.sleep(0.3)  # the host is in its wait at the epoch's end
-        process.send_signal(signal.SIGINT)
-        sent = time.monotonic()
-        _, took = read_until(process.stderr, "Ctrl-C received", sent + 30)
-        assert took < 1.0, f"acknowledged after {took:.2f} s"
-        time.sleep(max(0.0, 0.05 - (time.monotonic() - sent)))
-        process.send_signal(signal.SIGINT)
-        out, err = process.communicate(timeout=60)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.communicate()
+    for _attempt in range(3):
+        process = start()
+        try:
+            read_until(process.stdout, "QUEUED 150", time.monotonic() + 120)
+            time.sleep(0.3)  # the host is in its wait at the epoch's end
+            process.send_signal(signal.SIGINT)
+            sent = time.monotonic()
+            _, took = read_until(process.stderr, "Ctrl-C received", sent + 30)
+            assert took < 1.0, f"acknowledged after {took:.2f} s"
+            time.sleep(max(0.0, 0.05 - (time.monotonic() - sent)))
+            process.send_signal(signal.SIGINT)
+            out, err = process.communicate(timeout=60)
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.communicate()
+        # This test's process, starved of CPU on a loaded machine, can send the signals
+        # after the epoch's end, once the host queued the next epoch: then the scenario did
+        # not happen (the run ends as it should for signals at the last epoch's end). Again.
+        if "QUEUED 160" not in out.decode():
+            break
+    else:
+        raise AssertionError("three runs: the signals came after the epoch's end each time")
     err = err.decode()
     assert process.returncode == 128 + signal.SIGINT, err[-2000:]
     assert "SIGINT received: training stops after the current batch" in err  # the second
