@@ -37,6 +37,7 @@ _EXPORTS = {
     "check_same_checkpoint": "workers",
     "exit_after_error": "workers",
     "pull_parameters": "workers",
+    "tell_launcher_rank": "workers",
     "shard": "sharding",
     "shard_arrays": "sharding",
 }

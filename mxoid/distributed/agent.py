@@ -42,10 +42,12 @@ from typing import Dict, List, Optional, Sequence
 
 from .launched import EXEC_CODE, SCHEDULER_CODE, _cpu_ticks, _listening
 
-__all__ = ["AGENT_TAG", "facts", "main", "parse_agent_line"]
+__all__ = ["AGENT_TAG", "LAUNCHER_VARIABLE", "facts", "main", "parse_agent_line"]
 
 AGENT_TAG = "\x1emxoid-agent "
 """The start of the agent's lines for the launcher, on stderr (hidden from the output)."""
+LAUNCHER_VARIABLE = "MXOID_LAUNCHER"
+"""Set to ``1`` in the workers ``mxoid launch`` starts: they tell it their rank with a line."""
 TICKS_EVERY = 5.0
 PORT_ATTEMPTS = 5
 LISTEN_SECONDS = 120.0

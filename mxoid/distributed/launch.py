@@ -1,8 +1,8 @@
 """``mxoid launch``: run a distributed training job on one host or several, and never hang.
 
 Starts a ps-lite scheduler, servers and workers, prefixes each process's
-output with its role, launch index and host, and exits with the workers'
-status. When any process dies or fails, it stops the others::
+output with its role, index (a worker's rank once known) and host, and exits
+with the workers' status. When any process dies or fails, it stops the others::
 
     mxoid launch -n 2 -s 1 --timeout 600 --stall-timeout 120 -- python train.py --lr 0.1
     mxoid launch -n 4 -s 2 -H hosts.txt --env OMP_NUM_THREADS -- python train.py
@@ -14,8 +14,11 @@ On one host every process gets ``DMLC_PS_ROOT_URI=127.0.0.1``,
 bind it), ``DMLC_NUM_SERVER``, ``DMLC_NUM_WORKER`` and
 ``DMLC_NODE_HOST=127.0.0.1``, plus ``PYTHONUNBUFFERED=1``; workers get
 ``DMLC_ROLE=worker`` and run the command. Ranks (``kv.rank``) are assigned
-by the scheduler, not in launch order: a worker that wants to show its rank
-prints it.
+by the scheduler: on one host the launcher gives workers and servers
+ascending ``PORT`` values in launch order, which ps-lite ranks in that order;
+a worker tells the launcher its rank when mxoid creates its kvstore, and its
+lines are labelled with it from then on (see
+:func:`mxoid.distributed.tell_launcher_rank`).
 
 Several hosts (``-H HOSTFILE``): see :mod:`mxoid.distributed.hosts` and
 :mod:`mxoid.distributed.agent`; SLURM (``--slurm``): see
@@ -44,8 +47,9 @@ DESCRIPTION = """\
 Run COMMAND as WORKERS distributed-training workers, with a ps-lite scheduler
 and SERVERS parameter servers: on this machine (127.0.0.1), on the hosts of
 a host file (-H), or as the tasks of one srun (--slurm). Output lines are
-prefixed with the process's role, launch index and host (ranks, kv.rank, are
-assigned later by the scheduler).
+prefixed with the process's role, index and host: a worker's index is its rank
+(kv.rank) once mxoid has created its kvstore (before that, its launch index,
+which on one host is its rank too).
 
 What ends a job: the workers ending (all with status 0), or any process
 failing or dying; then the others get the grace period to end, then SIGTERM,

@@ -101,6 +101,19 @@ class LaunchedProcess:
         self.remote_code: Optional[int] = None  # a remote command's own return code, as told
         self.heartbeat_sent = 0.0
 
+    def heard_rank(self, rank: int) -> str:
+        """Label a worker's output with ``rank`` from now on; return a note when it changed.
+
+        Until a worker tells its rank its lines carry its launch index, which
+        on one host is its rank too (see :func:`ascending_free_ports`).
+        """
+        if self.role != "worker" or rank == self.index:
+            return ""
+        before = self.label
+        self.label = f"worker {rank}" + (f" on {self.host}" if self.host is not None else "")
+        ssh = "ssh " if self.host is not None else ""
+        return f"{before} ({ssh}pid {self.pid}) has rank {rank}: its lines read [{self.label}] now"
+
     @property
     def pid(self) -> int:
         """The process id (also its process group id)."""
@@ -210,6 +223,23 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind((HOST, 0))
         return probe.getsockname()[1]
+
+
+def ascending_free_ports(count: int) -> List[int]:
+    """Return ``count`` different TCP ports of 127.0.0.1 free right now, in ascending order.
+
+    ps-lite's scheduler ranks the nodes of one host by port, ascending: a
+    process given the i-th port through ``PORT`` gets rank i, unless the port
+    is taken before it binds (it then binds another, and tells its rank).
+    """
+    probes = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for probe in probes:
+            probe.bind((HOST, 0))
+        return sorted(probe.getsockname()[1] for probe in probes)
+    finally:
+        for probe in probes:
+            probe.close()
 
 
 def _listening(pid: int, port: int) -> bool:

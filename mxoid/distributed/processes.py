@@ -17,7 +17,7 @@ import sys
 import time
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
-from .agent import parse_agent_line
+from .agent import AGENT_TAG, LAUNCHER_VARIABLE, parse_agent_line
 from .hosts import Host, Remote, remote_argv
 from .launched import (
     _ERROR_LINE,
@@ -26,6 +26,7 @@ from .launched import (
     SCHEDULER_CODE,
     LaunchedProcess,
     _listening,
+    ascending_free_ports,
     free_port,
 )
 
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 PORT_ATTEMPTS = 5
+AGENT_TAG_BYTES = AGENT_TAG.encode()
 SCHEDULER_START_SECONDS = 120.0
 
 EXIT_TIMEOUT = 124
@@ -79,6 +81,7 @@ class Job:
         self.selector = selectors.DefaultSelector()
         self.last_activity = time.monotonic()
         self.last_ticks = 0
+        self.node_ports: Dict[str, List[int]] = {}  # per role: the PORT of each index here
         self.signals: List[int] = []  # signals the launcher received, in order
 
     @property
@@ -88,7 +91,7 @@ class Job:
 
     # ------------------------------------------------------------ starting
     def environment(
-        self, port: Optional[int], role: str, host: Optional[Host] = None
+        self, port: Optional[int], role: str, host: Optional[Host] = None, index: int = 0
     ) -> Dict[str, str]:
         """Return the environment of a process of ``role``: with the ps-lite variables.
 
@@ -112,6 +115,11 @@ class Job:
         env.pop("DMLC_ROLE", None)
         if role != "server":  # servers set their role once mxoid is imported
             env["DMLC_ROLE"] = role
+        if role == "worker":  # it tells its rank (mxoid.distributed.tell_launcher_rank)
+            env[LAUNCHER_VARIABLE] = "1"
+        if host is None and role != "scheduler":  # ranks in launch order (ascending ports)
+            count = self.num_workers if role == "worker" else self.num_servers
+            env["PORT"] = str(self.node_ports.setdefault(role, ascending_free_ports(count))[index])
         return env
 
     def start(
@@ -130,7 +138,7 @@ class Job:
         ``show_output=False`` its output is held back until
         :meth:`show_held_output`.
         """
-        env = self.environment(port, role, host)
+        env = self.environment(port, role, host, index)
         if host is not None and self.remote is not None:
             agent = [sys.executable, "-m", "mxoid.distributed.agent", "--cwd", os.getcwd()]
             agent += ["--grace", f"{self.grace / 2:g}"]
@@ -226,7 +234,7 @@ class Job:
                 self.selector.unregister(key.fileobj)
                 key.fileobj.close()
                 lines = process.partial.pop(fd, b"")
-            if fd == 2 and process.host is not None and lines:
+            if fd == 2 and (process.host is not None or AGENT_TAG_BYTES in lines):
                 lines = self.agent_lines(process, lines)
             if lines or process.partial.get(fd):
                 self.last_activity = time.monotonic()
@@ -244,8 +252,7 @@ class Job:
             else:
                 process.held[fd] = process.held.get(fd, b"") + lines + b"\n"
 
-    @staticmethod
-    def agent_lines(process: LaunchedProcess, lines: bytes) -> bytes:
+    def agent_lines(self, process: LaunchedProcess, lines: bytes) -> bytes:
         """Take the agent's lines for the launcher out of ``lines``; return the others."""
         kept = []
         for line in lines.split(b"\n"):
@@ -256,6 +263,10 @@ class Job:
                 process.remote_ticks = int(words[1])
             elif words[:1] == ["listening"] and words[1:2] and words[1].isdigit():
                 process.listening_port = int(words[1])
+            elif words[:1] == ["rank"] and words[1:2] and words[1].isdigit():
+                relabelled = process.heard_rank(int(words[1]))
+                if relabelled:
+                    self.note(relabelled)
             elif words[:1] == ["exited"] and words[1:2] and words[1].lstrip("-").isdigit():
                 process.remote_code = int(words[1])  # 143: it exited so, not killed by SIGTERM
         return b"\n".join(kept)

@@ -16,7 +16,9 @@ that keep a job from hanging.
   same number of steps per epoch, or the job hangs;
 - :func:`pull_parameters` (every worker ends with the servers' parameters)
   and :func:`exit_after_error` (a failed worker exits instead of hanging in
-  ps-lite's finalize barrier).
+  ps-lite's finalize barrier);
+- :func:`tell_launcher_rank`: under ``mxoid launch``, the launcher labels this
+  worker's output with its rank once it knows it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import mxnet as mx
 import numpy as np
 
 from ..data.position import batches_per_epoch
+from .agent import AGENT_TAG, LAUNCHER_VARIABLE
 from .servers import MERGED, is_asynchronous, is_distributed, reduction_keys
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "check_same_checkpoint",
     "exit_after_error",
     "pull_parameters",
+    "tell_launcher_rank",
 ]
 
 logger = logging.getLogger(__name__)
@@ -82,6 +86,28 @@ NOT_SET_UP = (
     "set_server_optimizer) before reducing across workers, so that reduction keys are "
     "numbered after the parameters"
 )
+
+
+_told_rank: List[int] = []
+
+
+def tell_launcher_rank(kvstore: Optional[mx.kvstore.KVStore]) -> None:
+    """Tell ``mxoid launch`` the rank of this worker, once: it labels the output with it.
+
+    ps-lite's scheduler assigns the ranks (hosts in descending order of
+    their address, then ports ascending), not the launcher; on one host the
+    launcher gives the workers ascending ports in launch order, so that
+    ranks equal launch indices unless a port was taken meanwhile. The line
+    (on stderr, hidden from the output) is written only in a process the
+    launcher started, for a distributed kvstore.
+    """
+    if kvstore is None or not is_distributed(kvstore) or _told_rank:
+        return
+    if os.environ.get(LAUNCHER_VARIABLE) != "1" or os.environ.get("DMLC_ROLE") != "worker":
+        return
+    _told_rank.append(kvstore.rank)
+    sys.stderr.write(f"{AGENT_TAG}rank {kvstore.rank}\n")
+    sys.stderr.flush()
 
 
 def allgather(kvstore: Optional[mx.kv.KVStore], name: str, values: Any) -> np.ndarray:

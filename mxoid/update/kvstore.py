@@ -7,6 +7,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import mxnet as mx
 
 from ..distributed.servers import is_distributed
+from ..distributed.workers import tell_launcher_rank
 
 __all__ = ["KVStoreLike", "create_kvstore", "initialize_kvstore", "kvstore_keys"]
 
@@ -88,6 +89,7 @@ def create_kvstore(
         )
     if update_on_kvstore is None:
         update_on_kvstore = True
+    tell_launcher_rank(kv)
     return kv, bool(update_on_kvstore)
 
 

@@ -239,7 +239,14 @@ def test_a_job_over_two_ssh_hosts_equals_the_same_job_on_one_host(
         (report["ssh_connection"].split()[2], report["node_host"]) for _, report in found.values()
     )
     assert where == [("127.0.0.2", "127.0.0.2"), ("127.0.0.3", "127.0.0.3")], found
-    assert "[worker 1 on 127.0.0.3] rank " in job.stdout
+    # ps-lite ranks the hosts in descending order of their address: worker 1 (on 127.0.0.3)
+    # is rank 0. Its first line carries its launch index; once MainLoop is built it has
+    # told its rank, and the launcher labels it so from there (and says so).
+    assert "[worker 1 on 127.0.0.3] rank 0 of 2" in job.stdout, job
+    assert "worker 1 on 127.0.0.3 (ssh pid " in job.stderr, job
+    assert "has rank 0: its lines read [worker 0 on 127.0.0.3] now" in job.stderr, job
+    assert "[worker 0 on 127.0.0.3] rank 0 done" in job.stdout, job
+    assert "[worker 1 on 127.0.0.2] rank 1 done" in job.stdout, job
     assert "mxoid-agent" not in job.stdout + job.stderr  # the agents' lines for the launcher
 
 

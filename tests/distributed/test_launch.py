@@ -50,6 +50,20 @@ def test_output_is_prefixed_and_the_status_is_the_workers(tmp_path, job_env):
     assert "workers finished; stopped scheduler, server 0" in job.stderr
 
 
+def test_a_workers_lines_are_labelled_with_its_rank_on_one_host(tmp_path, job_env):
+    # ps-lite's scheduler ranks the workers of one host by port: the launcher gives them
+    # ascending ports in launch order, so each worker's label is its rank (kv.rank).
+    code = (
+        "from mxoid.update import create_kvstore; kv, _ = create_kvstore('dist_sync', 1); "
+        "print('kv.rank', kv.rank)"
+    )
+    job = run_job(tmp_path, python(code), workers=3, servers=2)
+    assert job.status == 0, job
+    for rank in range(3):
+        assert f"[worker {rank}] kv.rank {rank}\n" in job.stdout, job
+    assert "mxoid-agent" not in job.stdout + job.stderr and "has rank" not in job.stderr
+
+
 def test_a_failing_worker_gives_its_status_and_one_reason(tmp_path, job_env):
     job = run_job(tmp_path, python("import sys; sys.exit(3)"), servers=2)
     assert job.status == 3, job
