@@ -269,10 +269,15 @@ def test_startup_check_every_contender_from_scratch_trains_as_module_fit(tmp_pat
     for name in ("module", "mxoid", "mxoid bare", "mxoid, first run"):
         assert row[name]["construct"] > 0 and row[name]["first_epoch"] > 0
         assert row[name]["import_mxnet"] > row[name]["construct"]
+        assert row[name]["construct_cpu"] > 0 and row[name]["first_epoch_cpu"] > 0
+        cpu = row[name]["construct_cpu"] + row[name]["first_epoch_cpu"]
+        assert row[name]["from_scratch_cpu"] == cpu
     assert row["mxoid, first run"]["announced_build"] == [True]
     assert [t["target"] for t in data["targets"]] == [
         "MainLoop(...), mlp 1 ctx: <= Module's",
         "MainLoop(...) + one epoch, everyday extensions, mlp 1 ctx: <= Module's",
+        "MainLoop(...), CPU time, mlp 1 ctx: <= Module's",
+        "MainLoop(...) + one epoch, everyday, CPU time, mlp 1 ctx: <= Module's",
     ]
     assert "| mlp   |   1 | mxoid, first run |" in stdout
 
