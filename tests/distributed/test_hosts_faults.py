@@ -69,7 +69,10 @@ def parent(pid):
 
 
 def start_launcher(hosts, tmp_path, *options):
-    """``mxoid launch`` over the stand-in hosts, once worker 1 trained 5 batches."""
+    """``mxoid launch`` over the stand-in hosts, once the worker on 127.0.0.3 trained 5 batches.
+
+    ps-lite ranks that worker (launched second) 0: its lines read ``[worker 0 on
+    127.0.0.3]`` once it has told the launcher its rank."""
     command = [sys.executable, "-m", "mxoid.distributed.launch", "-n", "2", "--timeout", "120"]
     command += ["--grace", str(GRACE), "-H", str(hosts.host_file)]
     command += ["--ssh-command", hosts.ssh_command]
@@ -82,7 +85,7 @@ def start_launcher(hosts, tmp_path, *options):
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline:
         line = launcher.stdout.readline()
-        if line.startswith("[worker 1 on 127.0.0.3] BATCH 5") or not line:
+        if line.startswith("[worker 0 on 127.0.0.3] BATCH 5") or not line:
             break
     if not line:
         launcher.kill()
@@ -116,12 +119,12 @@ def test_a_killed_remote_worker_or_ssh_session_ends_the_job_everywhere(
     reason = err.strip().splitlines()[-1]
     assert reason.startswith("mxoid launch: "), err
     if victim == "worker":
-        assert "worker 1 on 127.0.0.3 (ssh pid" in reason and "killed by SIGKILL on 127.0.0.3" in (
+        assert "worker 0 on 127.0.0.3 (ssh pid" in reason and "killed by SIGKILL on 127.0.0.3" in (
             reason
         ), err
         assert launcher.returncode == 128 + signal.SIGKILL
     else:
-        assert "worker 1 on 127.0.0.3" in reason, err
+        assert "worker 0 on 127.0.0.3" in reason, err
         assert launcher.returncode == 1, err  # as documented: not ssh's own 255
 
 
