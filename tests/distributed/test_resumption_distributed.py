@@ -13,6 +13,7 @@ checkpoint is written (mid-epoch); the same command relaunched with
 for bit, on both ranks.
 """
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -54,13 +55,25 @@ def command(out, directory, optimizer, options=EXACT):
 
 def uninterrupted(tmp_path_factory, optimizer, options=EXACT, servers=1):
     """Both ranks' final parameters after the job ran without interruption (once per
-    optimizer, place of the optimizer and number of servers)."""
+    optimizer, place of the optimizer and number of servers, and per test session: the
+    test processes of ``pytest -n`` share it through a folder of the session, under a lock).
+    """
     key = (optimizer, tuple(options), servers)
     if key not in _uninterrupted:
-        out = tmp_path_factory.mktemp(f"uninterrupted-{optimizer}")
-        job = run_job(out, command(out, out / "checkpoints", optimizer, options), servers=servers)
-        assert job.status == 0, job
-        (_, params0), (_, params1) = results(out)
+        shared = tmp_path_factory.getbasetemp().parent  # every xdist worker's, or the session's
+        name = "uninterrupted-" + "-".join(map(str, (optimizer, servers, options == EXACT)))
+        with open(shared / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            out = shared / name
+            if not (out / "passed").exists():
+                out = tmp_path_factory.mktemp(name)  # a fresh folder, whatever failed before
+                checkpoints = out / "checkpoints"
+                job = run_job(out, command(out, checkpoints, optimizer, options), servers=servers)
+                assert job.status == 0, job
+                (shared / name).unlink(missing_ok=True)
+                (shared / name).symlink_to(out)
+                (out / "passed").touch()
+            (_, params0), (_, params1) = results(out)
         for name in params0:
             assert np.array_equal(params0[name], params1[name]), name
         _uninterrupted[key] = (params0, params1)
