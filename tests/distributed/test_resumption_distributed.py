@@ -60,7 +60,9 @@ def uninterrupted(tmp_path_factory, optimizer, options=EXACT, servers=1):
     """
     key = (optimizer, tuple(options), servers)
     if key not in _uninterrupted:
-        shared = tmp_path_factory.getbasetemp().parent  # every xdist worker's, or the session's
+        shared = tmp_path_factory.getbasetemp()  # this session's (pytest-N) ...
+        if os.environ.get("PYTEST_XDIST_WORKER"):  # ... above this process's (pytest-N/popen-gw0)
+            shared = shared.parent
         name = "uninterrupted-" + "-".join(map(str, (optimizer, servers, options == EXACT)))
         with open(shared / f"{name}.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
