@@ -16,7 +16,8 @@ Targets (issue 32): in each cell, the median ``MainLoop(...)`` (bare: Module has
 metric to bind either) at most Module's bind + init_params + init_optimizer, and the
 median construction + first epoch with the everyday extensions at most Module's
 construction + ``fit``. Each cell starts with one unmeasured process of each contender
-(Python's byte code written, the files in the page cache, for all alike). The check:
+(Python's byte code written, the files in the page cache, for all alike; not in
+``--check``, which measures nothing). The check:
 mxoid's parameters after the epoch equal Module.fit's (``rtol=1e-4``) on the networks
 without BatchNorm, finite on the ResNet.
 """
@@ -32,11 +33,11 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from harness import env, report
 
-KEYS = ("models", "contexts", "rounds", "batches")
+KEYS = ("models", "contexts", "rounds", "batches", "warm_up")
 MODES = {
-    "full": (("mlp", "lenet", "resnet20"), (1, 2), 7, 8),
-    "quick": (("mlp", "lenet"), (1, 2), 3, 8),
-    "check": (("mlp",), (1,), 1, 2),
+    "full": (("mlp", "lenet", "resnet20"), (1, 2), 7, 8, True),
+    "quick": (("mlp", "lenet"), (1, 2), 3, 8, True),
+    "check": (("mlp",), (1,), 1, 2, False),  # correctness only: no unmeasured warm-up
 }
 BATCH_SIZE = 32
 CONTENDERS = ("module", "mxoid", "mxoid bare")  # bare: FinishAfter alone, no extension
@@ -78,7 +79,7 @@ def measure(model: str, contexts: int, settings: dict, root: str, failures: List
     spec["batches"] = settings["batches"]
     runs: Dict[str, List[dict]] = {name: [] for name in names}
     folders: Dict[str, str] = {}
-    for name in CONTENDERS:  # the warm-up, unmeasured
+    for name in CONTENDERS if settings["warm_up"] else ():  # the warm-up, unmeasured
         measure_once(
             {**spec, "contender": name},
             os.path.join(root, f"{model}-{contexts}", f"warm-{name}".replace(" ", "")),
@@ -212,7 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for model in settings["models"]:
             for contexts in settings["contexts"]:
                 started = time.perf_counter()
-                cell = {k: settings[k] for k in ("rounds", "batches")}
+                cell = {k: settings[k] for k in ("rounds", "batches", "warm_up")}
                 rows.append(measure(model, contexts, cell, root, failures))
                 print(f"{model} {contexts} ctx: {time.perf_counter() - started:.0f} s", flush=True)
     print(table(rows))

@@ -5,7 +5,8 @@
 - :mod:`.workers`: what a worker does beside training: exact exchanges with the other
   workers, the equal-steps check, the final pull, exiting after an error;
 - :mod:`.sharding`: each worker's equal share of the data;
-- :mod:`.launch` and :mod:`.processes`: ``mxoid launch``, which runs a job and never hangs;
+- :mod:`.launch`, :mod:`.processes` and :mod:`.output`: ``mxoid launch``, which runs a job
+  and never hangs;
   :mod:`.hosts` and :mod:`.agent` on several hosts through SSH, :mod:`.slurm` under SLURM;
 - :mod:`.exits`: in a worker process (``DMLC_ROLE=worker``), installed on import: an
   error anywhere in the script ends the worker instead of ps-lite's finalize barrier.

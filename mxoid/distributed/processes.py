@@ -4,23 +4,22 @@
 the servers and the workers, each in its own process group and set to die
 with the launcher; copies their output line by line with a prefix; decides
 when the job has failed, stalled or finished; and ends every process it
-started, and only those. :func:`mxoid.distributed.launch.launch` drives it.
+started, and only those (their output: :class:`~mxoid.distributed.output.JobOutput`).
+:func:`mxoid.distributed.launch.launch` drives it.
 """
 
 from __future__ import annotations
 
 import os
-import selectors
 import signal
 import subprocess
 import sys
 import time
 from typing import BinaryIO, Dict, List, Optional, Sequence, Tuple
 
-from .agent import AGENT_TAG, LAUNCHER_VARIABLE, parse_agent_line
+from .agent import LAUNCHER_VARIABLE
 from .hosts import Host, Remote, remote_argv
 from .launched import (
-    _ERROR_LINE,
     EXEC_CODE,
     HOST,
     SCHEDULER_CODE,
@@ -29,6 +28,7 @@ from .launched import (
     ascending_free_ports,
     free_port,
 )
+from .output import JobOutput
 
 __all__ = [
     "DEFAULT_STALL_TIMEOUT",
@@ -41,7 +41,6 @@ __all__ = [
 ]
 
 PORT_ATTEMPTS = 5
-AGENT_TAG_BYTES = AGENT_TAG.encode()
 SCHEDULER_START_SECONDS = 120.0
 
 EXIT_TIMEOUT = 124
@@ -76,10 +75,8 @@ class Job:
         self.num_servers = num_servers
         self.grace = grace
         self.remote = remote
-        self.out = {1: stdout, 2: stderr}
+        self.output = JobOutput(stdout, stderr)
         self.processes: List[LaunchedProcess] = []
-        self.selector = selectors.DefaultSelector()
-        self.last_activity = time.monotonic()
         self.last_ticks = 0
         self.node_ports: Dict[str, List[int]] = {}  # per role: the PORT of each index here
         self.signals: List[int] = []  # signals the launcher received, in order
@@ -158,9 +155,7 @@ class Job:
             os.set_blocking(popen.stdin.fileno(), False)
         process = LaunchedProcess(role, index, popen, host)
         self.processes.append(process)
-        for stream, fd in ((popen.stdout, 1), (popen.stderr, 2)):
-            os.set_blocking(stream.fileno(), False)
-            self.selector.register(stream, selectors.EVENT_READ, (process, fd, show_output))
+        self.output.register(process, show_output)
         return process
 
     def start_scheduler(self, deadline: float) -> Tuple[Optional[int], str]:
@@ -175,7 +170,7 @@ class Job:
             while time.monotonic() < limit and self.stop_signal is None:
                 self.pump(0.1)
                 if _listening(scheduler.pid, port):
-                    self.show_held_output(scheduler)
+                    self.output.show_held_output(scheduler)
                     return port, ""
                 if not scheduler.running():
                     break
@@ -184,7 +179,7 @@ class Job:
             self._read_last_words()
             self.forget(scheduler)
             if attempt == PORT_ATTEMPTS - 1:
-                self.show_held_output(scheduler)
+                self.output.show_held_output(scheduler)
                 return None, f"the scheduler could not start: {scheduler.describe_exit()}"
             self.note(f"the scheduler could not bind port {port}; trying another port")
         return None, "unreachable"
@@ -198,108 +193,33 @@ class Job:
         while time.monotonic() < limit and self.stop_signal is None:
             self.pump(0.1)
             if scheduler.listening_port is not None:
-                self.show_held_output(scheduler)
+                self.output.show_held_output(scheduler)
                 return scheduler.listening_port, ""
             if not scheduler.running():
                 break
         if scheduler.running():
             return None, f"the scheduler did not start listening on {host} in time"
         self._read_last_words()
-        self.show_held_output(scheduler)
+        self.output.show_held_output(scheduler)
         return None, f"the scheduler could not start: {scheduler.describe_exit()}"
 
     def _read_last_words(self) -> None:
         """Read what the processes said before they died, for up to a second."""
-        limit = time.monotonic() + 1.0
-        while self.selector.get_map() and time.monotonic() < limit:
-            self.pump(0.05)
+        self.output.read_for(1.0, self.pump)
 
-    # -------------------------------------------------------------- output
     def pump(self, wait: float) -> None:
-        """Copy available output, line by line with a prefix, for up to ``wait`` seconds."""
+        """Keep remote agents told that the launcher lives; copy output for up to ``wait`` s."""
         for process in self.processes:
             process.heartbeat()
-        for key, _ in self.selector.select(wait):
-            process, fd, show = key.data
-            try:
-                chunk = os.read(key.fileobj.fileno(), 65536)
-            except BlockingIOError:
-                continue
-            if chunk:
-                data = process.partial.pop(fd, b"") + chunk
-                lines, _, rest = data.rpartition(b"\n")
-                if rest:
-                    process.partial[fd] = rest
-            else:  # end of file: the last line, even unfinished
-                self.selector.unregister(key.fileobj)
-                key.fileobj.close()
-                lines = process.partial.pop(fd, b"")
-            if fd == 2 and (process.host is not None or AGENT_TAG_BYTES in lines):
-                lines = self.agent_lines(process, lines)
-            if lines or process.partial.get(fd):
-                self.last_activity = time.monotonic()
-            if not lines:
-                continue
-            if fd == 2:
-                process.errors += [
-                    line.decode(errors="replace").strip()
-                    for line in lines.splitlines()
-                    if _ERROR_LINE.match(line.decode(errors="replace").strip())
-                ]
-                del process.errors[:-5]
-            if show:
-                self.write(process, fd, lines)
-            else:
-                process.held[fd] = process.held.get(fd, b"") + lines + b"\n"
-
-    def agent_lines(self, process: LaunchedProcess, lines: bytes) -> bytes:
-        """Take the agent's lines for the launcher out of ``lines``; return the others."""
-        kept = []
-        for line in lines.split(b"\n"):
-            words = parse_agent_line(line.decode(errors="replace"))
-            if words is None:
-                kept.append(line)
-            elif words[:1] == ["ticks"] and words[1:2] and words[1].isdigit():
-                process.remote_ticks = int(words[1])
-            elif words[:1] == ["listening"] and words[1:2] and words[1].isdigit():
-                process.listening_port = int(words[1])
-            elif words[:1] == ["rank"] and words[1:2] and words[1].isdigit():
-                relabelled = process.heard_rank(int(words[1]))
-                if relabelled:
-                    self.note(relabelled)
-            elif words[:1] == ["exited"] and words[1:2] and words[1].lstrip("-").isdigit():
-                process.remote_code = int(words[1])  # 143: it exited so, not killed by SIGTERM
-        return b"\n".join(kept)
-
-    def write(self, process: LaunchedProcess, fd: int, data: bytes) -> None:
-        """Write lines of ``process`` to our stdout (fd 1) or stderr (fd 2), with its prefix."""
-        prefix = f"[{process.label}] ".encode()
-        stream = self.out[fd]
-        stream.write(b"".join(prefix + line + b"\n" for line in data.splitlines()))
-        stream.flush()
-
-    def show_held_output(self, process: LaunchedProcess) -> None:
-        """Write the output held back so far, and show the rest as it comes."""
-        for fd, held in process.held.items():
-            self.write(process, fd, held)
-        process.held.clear()
-        for key in list(self.selector.get_map().values()):
-            if key.data[0] is process:
-                self.selector.modify(
-                    key.fileobj, selectors.EVENT_READ, (process, key.data[1], True)
-                )
+        self.output.pump(wait)
 
     def note(self, message: str) -> None:
         """Write one line of the launcher's own to stderr."""
-        self.out[2].write(f"mxoid launch: {message}\n".encode())
-        self.out[2].flush()
+        self.output.note(message)
 
     def forget(self, process: LaunchedProcess) -> None:
         """Stop reading an ended process and drop it from the job."""
-        for key in list(self.selector.get_map().values()):
-            if key.data[0] is process:
-                self.selector.unregister(key.fileobj)
-                key.fileobj.close()
+        self.output.forget(process)
         self.processes.remove(process)
 
     # ------------------------------------------------------------- running
@@ -310,8 +230,8 @@ class Job:
         ticks = sum(p.cpu_ticks() for p in self.processes if p.running())
         if ticks != self.last_ticks:
             self.last_ticks = ticks
-            self.last_activity = time.monotonic()
-        return time.monotonic() - self.last_activity > stall_timeout
+            self.output.last_activity = time.monotonic()
+        return time.monotonic() - self.output.last_activity > stall_timeout
 
     def wait(self, deadline: Optional[float], stall_timeout: Optional[float]) -> Tuple[int, str]:
         """Run until the workers finish or something fails; return (status, reason).
@@ -418,16 +338,8 @@ class Job:
 
     def drain(self) -> None:
         """Copy the output left in the pipes, for at most a second."""
-        limit = time.monotonic() + 1.0
-        while self.selector.get_map() and time.monotonic() < limit:
-            self.pump(0.05)
-        for key in list(self.selector.get_map().values()):
-            self.selector.unregister(key.fileobj)
-            key.fileobj.close()
-        for process in self.processes:
-            for fd, rest in process.partial.items():
-                self.write(process, fd, rest)
-            process.partial.clear()
+        self.output.read_for(1.0, self.pump)
+        self.output.close(self.processes)
 
     def kill_remaining(self) -> None:
         """SIGKILL the process groups of the children still running, and reap them."""
