@@ -31,7 +31,7 @@ import sys
 from harness import env
 
 SUITES = ("contest", "micro", "updaters", "head", "prefetch", "evaluate", "sweep", "startup")
-SUITES += ("scaling",)
+SUITES += ("scaling", "serving")
 ALIASES = {"loop": "symbol", "gluon": "gluon", "buckets": "buckets"}  # contest's workloads
 
 
