@@ -96,7 +96,7 @@ def parse_input_shapes(items: Optional[Sequence[str]]) -> Optional[Dict[str, Tup
     for item in items:
         name, _, dims = item.partition("=")
         try:
-            shape = tuple(int(d) for d in dims.replace("x", ",").split(",") if d.strip())
+            shape = tuple(int(d) for d in dims.split(","))
         except ValueError:
             shape = ()
         if not name or not shape or min(shape) < 1:

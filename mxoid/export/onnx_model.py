@@ -409,6 +409,7 @@ def _compare(
 
     options = onnxruntime.SessionOptions()
     options.log_severity_level = 3  # errors only
+    options.intra_op_num_threads = 1  # a check of a few rows: no thread pool spinning
     largest = 0.0
     try:
         session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])

@@ -34,6 +34,7 @@ from mxnet import autograd, gluon
 from ..checkpoint.directory import is_checkpoint_folder
 from ..checkpoint.loading import checkpoint_of_epoch, load_model
 from ..checkpoint.reading import read_checkpoint
+from ..errors import clean_mxnet_message
 from .graphs import PredictionGraph, is_label, prediction_symbol
 
 __all__ = ["INPUTS_STATE", "prediction_graphs"]
@@ -45,6 +46,10 @@ GLUON_GRAPH = "net-symbol.json"
 NO_SHAPES = (
     "the shapes of the inputs {names} are not known: {why}. Give them, batch first: "
     "input_shapes={example} (on the command line: --input-shape {flag})"
+)
+OTHER_SHAPES = (
+    "the network cannot take inputs of the shapes {shapes}: {error}. Give the shapes it "
+    "was trained on, batch first (input_shapes=..., or --input-shape NAME=D0,D1,...)"
 )
 UNINITIALIZED = (
     "the block's parameters {names} are not initialized: call net.initialize() (or "
@@ -120,6 +125,14 @@ def _graph(
     key: Optional[Hashable] = None,
 ) -> PredictionGraph:
     shapes = {d.name: tuple(d.shape) for d in descs}
+    try:
+        known = set(symbol.list_arguments())
+        values = {n: v.shape for n, v in params[0].items() if n in known}
+        symbol.infer_shape_partial(**values, **{n: s for n, s in shapes.items() if n in known})
+    except mx.base.MXNetError as error:
+        raise ValueError(
+            OTHER_SHAPES.format(shapes=shapes, error=clean_mxnet_message(error))
+        ) from None
     predict, names, dropped = prediction_symbol(symbol, labels, shapes, output_names)
     inputs = set(predict.list_inputs())
     used = [d for d in descs if d.name in inputs]

@@ -14,7 +14,7 @@ import pytest
 from buckets import BATCH, bucket_iter, sym_gen_of
 from networks import digits_images, dropout_lenet, resnet20
 
-from mxoid import Checkpoint, FinishAfter, MainLoop
+from mxoid import Checkpoint, FinishAfter, MainLoop, TrainingMonitoring
 from mxoid.cli import main as mxoid_command
 
 onnx = pytest.importorskip(
@@ -49,7 +49,9 @@ NETWORKS = {"mlp": digits_mlp, "lenet": dropout_lenet, "resnet20": resnet20}
 
 
 def run_onnx(path, inputs, outputs=None):
-    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = 1  # no pool of spinning threads beside the other tests
+    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     return session.run(outputs, inputs)
 
 
@@ -71,7 +73,11 @@ def trained(request, tmp_path_factory):
         contexts=[mx.cpu(i) for i in range(devices)],
         initializer=mx.init.Xavier(),
         optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
-        extensions=[FinishAfter(after_n_batches=6), Checkpoint(str(folder / "checkpoints"))],
+        extensions=[
+            FinishAfter(after_n_batches=6),
+            TrainingMonitoring("acc"),  # a private head on the training executors
+            Checkpoint(str(folder / "checkpoints")),
+        ],
     )
     loop.run()
     return loop, folder
@@ -462,3 +468,24 @@ def test_mxoid_export_writes_the_file_and_prints_the_check(trained, capsys):
     assert mxoid_command(["export", str(folder / "nothing"), "-o", str(folder / "x.onnx")]) == 1
     [line] = capsys.readouterr().err.strip().splitlines()
     assert line.startswith("mxoid export: error: nothing saved at")
+
+
+def test_mxoid_export_takes_the_shapes_a_module_checkpoint_lacks(tmp_path, capsys):
+    symbol = NETWORKS["mlp"]()
+    params = module_checkpoint(symbol, tmp_path / "net", (2, 1, 8, 8))
+    command = ["export", str(tmp_path / "net"), "-o", str(tmp_path / "net.onnx")]
+    assert mxoid_command(command + ["--input-shape", "data=4,1,8,8", "--fixed-batch"]) == 0
+    assert "inputs data (4, 1, 8, 8); outputs softmax" in capsys.readouterr().out
+    rows = X[1500:1504]
+    expected = mxnet_outputs(symbol, params, rows)["softmax"]
+    np.testing.assert_allclose(
+        run_onnx(tmp_path / "net.onnx", {"data": rows})[0], expected, atol=TOLERANCE
+    )
+    assert mxoid_command(command) == 1  # no shapes: say how to give them
+    assert "--input-shape data=1,..." in capsys.readouterr().err
+    assert mxoid_command(command + ["--input-shape", "data=1,x"]) == 1
+    assert "write NAME=D0,D1,... (data=1,3,32,32)" in capsys.readouterr().err
+    assert mxoid_command(command + ["--input-shape", "data=4,1,9,9"]) == 1  # not its shape
+    printed = capsys.readouterr()
+    [line] = printed.err.splitlines()
+    assert "cannot take inputs of the shapes {'data': (4, 1, 9, 9)}" in line and not printed.out
