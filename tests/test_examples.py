@@ -701,7 +701,7 @@ def check_readme_ways_out(namespace, blocks, accuracy, capsys):
     exec(compile(onnx_block, str(README), "exec"), namespace)
     exported = namespace["exported"]
     assert exported.inputs == {"data": ("batch", 64)} and exported.outputs == ["softmax"]
-    assert exported.max_difference < 1e-6  # "about 1e-7"
+    assert exported.max_difference < 1e-6  # "below 1e-6"
     onnx_accuracy = (namespace["onnx_probabilities"].argmax(axis=1) == namespace["y"][1500:]).mean()
     assert onnx_accuracy == pytest.approx(accuracy, abs=1e-9)
     printed = capsys.readouterr().out

@@ -100,6 +100,16 @@ def test_mxoid_quantize_writes_what_quantize_returns(trained, capsys):
         Predictor(folder / "cli").predict(held_out())["softmax"],
         Predictor(folder / "api").predict(held_out())["softmax"],
     )
+    np.savez(folder / "inputs.npz", data=X[TRAIN][:96])  # an array per input name
+    status = mxoid_command(
+        ["quantize", str(folder / "checkpoints"), "--calibration", str(folder / "inputs.npz")]
+        + ["--num-batches", "3", "-o", str(folder / "npz")]
+    )
+    assert status == 0 and "calibration on 96 samples" in capsys.readouterr().out
+    np.testing.assert_array_equal(
+        Predictor(folder / "npz").predict(held_out())["softmax"],
+        Predictor(folder / "api").predict(held_out())["softmax"],
+    )
     assert (
         mxoid_command(
             [
