@@ -19,6 +19,8 @@ Suites (``benchmarks/suites/``; ``python benchmarks/run.py SUITE --help``):
   buckets   contest --workload buckets: an LSTM over buckets, beside BucketingModule.fit
             and a hand loop; memory
   scaling   weak scaling of MXNet's parameter server under ``mxoid launch``, on loopback
+  serving   MXNet float32, MXNet int8 and onnxruntime on the exported model: latency,
+            throughput and accuracy of an MLP, LeNet and a ResNet-20
 
 Every suite has ``--quick``, ``--check`` (correctness only, tiny; exit status 1 when a
 check fails, speed never changes it) and ``--json PATH`` (default ``results/SUITE.json``).
@@ -31,7 +33,7 @@ import sys
 from harness import env
 
 SUITES = ("contest", "micro", "updaters", "head", "prefetch", "evaluate", "sweep", "startup")
-SUITES += ("scaling",)
+SUITES += ("scaling", "serving")
 ALIASES = {"loop": "symbol", "gluon": "gluon", "buckets": "buckets"}  # contest's workloads
 
 

@@ -36,6 +36,7 @@ _EXPORTS = {
     "MainLoop": "main_loop",
     "Monitor": "extensions",
     "NaNGuard": "extensions",
+    "OnnxExportError": "export",
     "OnLogRecord": "extensions",
     "Predictor": "inference",
     "Prefetch": "data",
@@ -51,7 +52,9 @@ _EXPORTS = {
     "TrainingStatus": "log",
     "allreduce_sums": "distributed",
     "average_checkpoints": "checkpoint.averaging",
+    "export_onnx": "export",
     "load_params": "checkpoint.loading",
+    "quantize": "export",
     "read_log": "log",
     "seed_everything": "checkpoint.random_state",
     "shard": "distributed",
@@ -138,6 +141,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from .data import DataLoaderIter, Prefetch  # noqa: F401
     from .distributed import allreduce_sums, shard  # noqa: F401
     from .executor_manager import DataParallelExecutorManager  # noqa: F401
+    from .export import OnnxExportError, export_onnx, quantize  # noqa: F401
     from .extensions import (  # noqa: F401
         Checkpoint,
         ClipGradientNorm,

@@ -1,4 +1,4 @@
-"""The ``mxoid`` command: look at training logs, and launch distributed jobs.
+"""The ``mxoid`` command: look at training logs, launch distributed jobs, export models.
 
 ::
 
@@ -8,6 +8,8 @@
     mxoid launch -n 2 -- python train.py                      # see mxoid.distributed.launch
     mxoid native                                              # build the fused metric operator
     mxoid average runs/nmt --best 4 --by valid_perplexity --min -o averaged   # checkpoints
+    mxoid export checkpoints -o model.onnx                    # see mxoid.export.commands
+    mxoid quantize checkpoints --calibration inputs.npy -o served/int8
 
 ``python -m mxoid`` is the same command. Logs are files written by
 :class:`~mxoid.extensions.JSONLinesLog` or :class:`~mxoid.extensions.CSVLog`,
@@ -26,6 +28,8 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import __version__
+from .errors import InputError
+from .export.commands import add_commands as add_export_commands
 from .log.curves import SPLITS as SPLITS  # importable from here, as before
 from .log.curves import epoch_positions, metric_families
 from .log.files import EPOCHS_DONE, ITERATION, RUN, continued_rows, parse_log_file, read_log
@@ -50,14 +54,11 @@ PLOT_EXTRA = (
 )
 DESCRIPTION = """\
 Look at the logs that JSONLinesLog and CSVLog write, launch a distributed
-training job, or average checkpoints. Exit status: 0 on success, 1 for bad
-input (missing file, empty log, not a log, unknown record), 2 for bad usage."""
+training job, average checkpoints, or export a trained model (ONNX, int8).
+Exit status: 0 on success, 1 for bad input (missing file, empty log, not a
+log, unknown record), 2 for bad usage."""
 
 _CELL_WIDTH = 40
-
-
-class InputError(Exception):
-    """Bad input: reported as one line on standard error, with exit status 1."""
 
 
 # ------------------------------------------------------------------ reading
@@ -412,6 +413,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     average_parser.set_defaults(handler=average)
 
+    add_export_commands(commands)  # export, quantize
     commands.add_parser(
         "launch",
         add_help=False,

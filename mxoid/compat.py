@@ -20,14 +20,19 @@ What it touches
   ``ndarray.tostring``: the same record format, written with ``tobytes``.
 - ``scipy.sparse.csr`` where SciPy no longer has it (MXNet reads
   ``scipy.sparse.csr.csr_matrix``): ``csr_matrix`` under that name.
+- ``mxnet.contrib.quantization._get_optimal_threshold`` on NumPy 1.25+, where
+  turning an array of one element into a number is deprecated (an error in
+  NumPy 2.x): the same thresholds, as numbers, so that int8 quantization with
+  ``calib_mode='entropy'`` (:func:`mxoid.quantize`) runs.
 
 When it runs
 ------------
 ``import mxoid`` applies it. So that a script may start with ``import mxnet``, the
 package installs a start-up file (``mxoid-mxnet-compat.pth`` in ``site-packages``)
 that calls :func:`install_import_hook`: a finder that applies the NumPy and
-distutils names just before MXNet is first imported, and fixes ``mxnet.recordio``
-and ``mxnet.ndarray.utils`` right after they load. Until MXNet is imported it
+distutils names just before MXNet is first imported, and fixes ``mxnet.recordio``,
+``mxnet.ndarray.utils`` and ``mxnet.contrib.quantization`` right after they load.
+Until MXNet is imported it
 costs nothing (it imports nothing). Set ``MXOID_NO_COMPAT=1`` to turn all of it off.
 """
 
@@ -46,7 +51,7 @@ import types
 import warnings
 from typing import Any, Callable, Dict, Optional, Sequence
 
-__all__ = ["DISABLE", "apply", "install_import_hook", "patch_recordio"]
+__all__ = ["DISABLE", "apply", "install_import_hook", "patch_quantization", "patch_recordio"]
 
 DISABLE = "MXOID_NO_COMPAT"
 """The environment variable that turns the compatibility layer off (any non-empty value)."""
@@ -184,6 +189,8 @@ def apply() -> None:
         patch_recordio(sys.modules["mxnet.recordio"])
     if "mxnet.ndarray.utils" in sys.modules:
         _patch_sparse(sys.modules["mxnet.ndarray.utils"])
+    if "mxnet.contrib.quantization" in sys.modules:
+        patch_quantization(sys.modules["mxnet.contrib.quantization"])
 
 
 def patch_recordio(recordio: Any) -> None:
@@ -227,6 +234,32 @@ def patch_recordio(recordio: Any) -> None:
     recordio._mxoid_patched = True
 
 
+def patch_quantization(quantization: Any) -> None:
+    """Make entropy calibration's thresholds numbers on NumPy 1.25+ (see the module's notes).
+
+    ``_get_optimal_threshold`` returns the threshold and divergence as arrays of
+    one element, which MXNet then converts to C floats: deprecated in NumPy 1.25,
+    an error in NumPy 2.x. The values are the same.
+    """
+    import numpy as np
+
+    if np.lib.NumpyVersion(np.__version__) < "1.25.0":
+        return
+    if getattr(quantization, "_mxoid_patched", False):
+        return
+    original = quantization._get_optimal_threshold
+
+    def _get_optimal_threshold(
+        hist_data: Any, quantized_dtype: Any, num_quantized_bins: int = 255
+    ) -> Any:
+        low, high, threshold, divergence = original(hist_data, quantized_dtype, num_quantized_bins)
+        return low, high, float(np.ravel(threshold)[0]), float(np.ravel(divergence)[0])
+
+    _get_optimal_threshold.__doc__ = original.__doc__
+    quantization._get_optimal_threshold = _get_optimal_threshold
+    quantization._mxoid_patched = True
+
+
 def _patch_sparse(utils: Any) -> None:
     sparse = getattr(utils, "spsp", None)
     if sparse is not None and "csr" not in vars(sparse):
@@ -236,13 +269,18 @@ def _patch_sparse(utils: Any) -> None:
             sparse.csr = types.SimpleNamespace(csr_matrix=sparse.csr_matrix)
 
 
-_AFTER_IMPORT = {"mxnet.recordio": patch_recordio, "mxnet.ndarray.utils": _patch_sparse}
+_AFTER_IMPORT = {
+    "mxnet.recordio": patch_recordio,
+    "mxnet.ndarray.utils": _patch_sparse,
+    "mxnet.contrib.quantization": patch_quantization,
+}
 
 
 class _MXNetImportHook(importlib.abc.MetaPathFinder):
     """Apply the NumPy names before MXNet is first imported; fix MXNet's modules after.
 
-    ``mxnet.recordio`` and ``mxnet.ndarray.utils`` are patched right after they load.
+    ``mxnet.recordio``, ``mxnet.ndarray.utils`` and ``mxnet.contrib.quantization`` are
+    patched right after they load.
     """
 
     def find_spec(

@@ -1,10 +1,15 @@
-"""Readable errors out of MXNet's C++ messages."""
+"""Readable errors out of MXNet's C++ messages; the command's bad-input error."""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["clean_mxnet_message"]
+__all__ = ["InputError", "clean_mxnet_message"]
+
+
+class InputError(Exception):
+    """Bad input to the ``mxoid`` command: one line on standard error, with exit status 1."""
+
 
 _LOCATION = re.compile(r"^\[\d\d:\d\d:\d\d\]\s+\S+:\d+:\s*")
 _NOISE_PREFIXES = ("Stack trace", "Traceback", "File ", "[bt]")

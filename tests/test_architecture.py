@@ -31,6 +31,7 @@ FOLDERS = {
     "data",
     "distributed",
     "executor_manager",
+    "export",
     "extensions",
     "log",
     "main_loop",

@@ -116,3 +116,24 @@ def test_recordio_packs_array_labels_and_round_trips():
     assert unpacked.label.tolist() == [1.5, 2.5, 3.5]
     scalar, _ = mx.recordio.unpack(mx.recordio.pack(mx.recordio.IRHeader(0, 4.0, 1, 0), b""))
     assert scalar.label == 4.0 and scalar.flag == 0
+
+
+def test_entropy_calibration_thresholds_reach_mxnet_as_numbers():
+    """MXNet's entropy calibration hands its thresholds to C as floats: arrays of one
+    element fail there on NumPy 2 (mxoid.quantize(mode='entropy') would raise)."""
+    import ctypes
+
+    import mxnet as mx
+    from mxnet.contrib import quantization
+
+    values = np.random.RandomState(0).randn(2000).astype("float32")
+    hist, edges = np.histogram(values, bins=8001, range=(-4, 4))
+    low, high, threshold, _ = quantization._get_optimal_threshold(
+        (hist, edges, values.min(), values.max(), 4.0), "int8"
+    )
+    assert 0 < float(threshold) <= 4.0
+    thresholds = [-threshold, threshold]  # as _get_optimal_thresholds pairs them
+    passed = mx.base.c_array(ctypes.c_float, thresholds)  # what _calibrate_quantized_sym does
+    assert list(passed) == pytest.approx([-float(threshold), float(threshold)])
+    if np.lib.NumpyVersion(np.__version__) >= "1.25.0":
+        assert isinstance(threshold, float)  # mxoid.compat's; MXNet's own is an array

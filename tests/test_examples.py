@@ -643,7 +643,7 @@ def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
         + readme_python("Using the trained model")
         + readme_python("Writing an extension")
     )
-    assert len(blocks) == 5
+    assert len(blocks) == 7
     for block in blocks[:2]:
         exec(compile(block, str(README), "exec"), namespace)
     assert namespace["loop"].log.last("valid_accuracy") > 0.8
@@ -651,6 +651,8 @@ def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
     accuracy = (namespace["probabilities"].argmax(axis=1) == namespace["y"][1500:]).mean()
     assert accuracy == pytest.approx(namespace["loop"].log.last("valid_accuracy"), abs=1e-9)
     assert f"{accuracy}" in capsys.readouterr().out
+    check_readme_ways_out(namespace, blocks[2:4], accuracy, capsys)
+    blocks = blocks[:2] + blocks[4:]
     quick_start_predictions = namespace["loop"].predict(valid := namespace["valid"])["softmax"]
     check_readme_fine_tuning(namespace, quick_start_predictions, capsys)
     (block,) = readme_python("Reading input ahead")
@@ -691,6 +693,24 @@ def test_readme_quick_start_and_extensions_run(tmp_path, monkeypatch, capsys):
     assert best.best.value == max(accuracies)
     assert best.best.iteration == loop.log.last_iteration("valid_accuracy_new_best")
     assert keeper.best_params[0].keys() == loop.get_params()[0].keys()
+
+
+def check_readme_ways_out(namespace, blocks, accuracy, capsys):
+    """The ONNX file predicts what Evaluate recorded; the int8 model within 2% of it."""
+    onnx_block, int8_block = blocks
+    exec(compile(onnx_block, str(README), "exec"), namespace)
+    exported = namespace["exported"]
+    assert exported.inputs == {"data": ("batch", 64)} and exported.outputs == ["softmax"]
+    assert exported.max_difference < 1e-6  # "below 1e-6"
+    onnx_accuracy = (namespace["onnx_probabilities"].argmax(axis=1) == namespace["y"][1500:]).mean()
+    assert onnx_accuracy == pytest.approx(accuracy, abs=1e-9)
+    printed = capsys.readouterr().out
+    assert "{'data': ('batch', 64)} ['softmax']" in printed and f"{onnx_accuracy}" in printed
+    exec(compile(int8_block, str(README), "exec"), namespace)
+    int8 = namespace["int8"]
+    int8_accuracy = (namespace["int8_probabilities"].argmax(axis=1) == namespace["y"][1500:]).mean()
+    assert int8.quantized_layers >= 2 and abs(int8_accuracy - accuracy) <= 0.02
+    assert f"{int8.quantized_layers} {int8_accuracy}" in capsys.readouterr().out
 
 
 def test_the_quick_start_runs_twice_as_a_script_and_keeps_mxnet_quiet(tmp_path):

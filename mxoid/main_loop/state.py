@@ -18,6 +18,7 @@ import warnings
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping
 
 import mxnet as mx
+import numpy as np
 
 from ..checkpoint.format import CheckpointContents, CheckpointError, ResumeError
 from ..checkpoint.random_state import get_random_states, set_random_states
@@ -31,9 +32,18 @@ from .server_optimizer import give_back_server_states
 if TYPE_CHECKING:  # pragma: no cover
     from .loop import MainLoop
 
-__all__ = ["given_settings_win", "loop_state", "restore_loop_state"]
+__all__ = ["given_settings_win", "input_state", "loop_state", "restore_loop_state"]
 
 logger = logging.getLogger("mxoid.main_loop")  # where resumption has always been logged
+
+
+def input_state(data_descs: Any) -> List[list]:
+    """Return the training batch's data inputs as ``loop.json`` records them (``inputs``).
+
+    ``[name, shape, type]`` each: the shapes :func:`mxoid.export_onnx` and
+    :func:`mxoid.quantize` give a checkpoint's network when none are given.
+    """
+    return [[d.name, [int(s) for s in d.shape], np.dtype(d.dtype).name] for d in data_descs]
 
 
 def loop_state(loop: MainLoop) -> Dict[str, Any]:
@@ -62,6 +72,7 @@ def loop_state(loop: MainLoop) -> Dict[str, Any]:
         "optimizer": loop.update.settings,
         "accumulate_batches": loop.accumulate_batches,
         "fixed_param_names": list(loop.manager.fixed_param_names),
+        "inputs": input_state(loop.manager.training_set.data_descs),
         **loop.network.state(),
     }
 

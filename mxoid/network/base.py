@@ -120,6 +120,11 @@ class Network:
         """
 
     # ------------------------------------------------------- graphs and sets
+    @property
+    def graph_keys(self) -> List[Optional[Hashable]]:
+        """The keys of the graphs this network predicts with: ``[None]`` for one graph."""
+        return [None]
+
     def key_of(self, batch: Any) -> Optional[Hashable]:
         """Return the key of ``batch``'s graph: None for a network of one graph."""
         return None

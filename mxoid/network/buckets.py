@@ -257,6 +257,11 @@ class BucketNetwork(Network):
         return found
 
     @property
+    def graph_keys(self) -> List[Hashable]:
+        """Every bucket whose graph is known (train_data's and those met), the default first."""
+        return [self.default_key] + [key for key in self._symbols if key != self.default_key]
+
+    @property
     def bound_keys(self) -> List[Hashable]:
         """The buckets bound so far for training, the default one first."""
         return [self.default_key] + list(self._training)
