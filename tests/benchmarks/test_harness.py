@@ -388,6 +388,7 @@ CHECKED_BY = {  # each suite run.py names -> the test module that runs its --che
     **dict.fromkeys(("evaluate", "sweep", "startup", "scaling"), "test_suites.py"),
     "gluon": "test_gluon_suite.py",
     "buckets": "test_buckets_suite.py",
+    "serving": "test_serving_suite.py",
 }
 LINE_BOUND = 4000  # lines of Python code under benchmarks/ (issue 36)
 
