@@ -156,6 +156,7 @@ def batchnorm_statistics(
     """
     parts = []
     for node, axis, _, _ in nodes:
+        node = mx.sym.amp_cast(node, dtype="float32")  # bfloat16 under mixed precision
         mean = mx.sym.mean(node, axis=axis, exclude=True, keepdims=True)
         square = mx.sym.square(mx.sym.broadcast_sub(node, mean))
         parts += [mx.sym.flatten(mean).reshape((-1,)), mx.sym.mean(square, axis=axis, exclude=True)]
