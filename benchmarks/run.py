@@ -19,6 +19,8 @@ Suites (``benchmarks/suites/``; ``python benchmarks/run.py SUITE --help``):
   buckets   contest --workload buckets: an LSTM over buckets, beside BucketingModule.fit
             and a hand loop; memory
   scaling   weak scaling of MXNet's parameter server under ``mxoid launch``, on loopback
+  precision mixed_precision='bfloat16' against float32: speed and accuracy (LeNet,
+            ResNet-20, the model zoo's ResNet-18)
 
 Every suite has ``--quick``, ``--check`` (correctness only, tiny; exit status 1 when a
 check fails, speed never changes it) and ``--json PATH`` (default ``results/SUITE.json``).
@@ -31,7 +33,7 @@ import sys
 from harness import env
 
 SUITES = ("contest", "micro", "updaters", "head", "prefetch", "evaluate", "sweep", "startup")
-SUITES += ("scaling",)
+SUITES += ("scaling", "precision")
 ALIASES = {"loop": "symbol", "gluon": "gluon", "buckets": "buckets"}  # contest's workloads
 
 
