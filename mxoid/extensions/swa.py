@@ -167,7 +167,11 @@ def batchnorm_statistics(
             for batch in read:
                 key = network.key_of(batch)
                 if key not in heads:
-                    heads[key] = _statistics_head(loop, batch, key, nodes if key is None else None)
+                    own = batch.provide_data is not None  # a bucket's batch says its shapes
+                    descs = (batch.provide_data, batch.provide_label) if own else None
+                    descs = descs or (read.provide_data, read.provide_label)
+                    default = nodes if key is None else None
+                    heads[key] = _statistics_head(loop, descs, key, default)
                 executors, names, sizes = heads[key]
                 executors.load_data_batch(batch)
                 executors.forward(is_train=True)
@@ -188,15 +192,16 @@ def batchnorm_statistics(
 
 
 def _statistics_head(
-    loop: MainLoop, batch: Any, key: Any, nodes: Optional[List[Tuple[mx.sym.Symbol, int, str, str]]]
+    loop: MainLoop, descs: Tuple[Any, Any], key: Any, nodes: Optional[List[Tuple[Any, ...]]]
 ) -> Tuple[Any, List[Tuple[str, str]], List[int]]:
-    """Return the executor set computing the statistics of ``batch``'s graph, their names, sizes.
+    """Return the executor set computing the statistics of a batch's graph, their names, sizes.
 
-    Bound on first use for its bucket (``key``), sharing the training arrays.
+    ``descs``: the batch's ``(provide_data, provide_label)``. Bound on first use for its
+    bucket (``key``), sharing the training arrays.
     """
     manager, network = loop.manager, loop.network
     if nodes is None:
-        nodes = batchnorm_nodes(network.graph(key, batch.provide_data, batch.provide_label))
+        nodes = batchnorm_nodes(network.graph(key, *descs))
     parts = []
     for node, axis, _, _ in nodes:
         node = mx.sym.amp_cast(node, dtype="float32")  # bfloat16 under mixed precision
@@ -204,9 +209,7 @@ def _statistics_head(
         square = mx.sym.square(mx.sym.broadcast_sub(node, mean))
         parts += [mx.sym.flatten(mean).reshape((-1,)), mx.sym.mean(square, axis=axis, exclude=True)]
     head = mx.sym.BlockGrad(mx.sym.concat(*parts, dim=0))
-    executors = network.forward_set(
-        manager, batch.provide_data, batch.provide_label, [head], key=key
-    )
+    executors = network.forward_set(manager, descs[0], descs[1], [head], key=key)
     sizes = [manager.aux_arrays[manager.aux_names.index(n[2])][0].shape[0] for n in nodes]
     return executors, [(n[2], n[3]) for n in nodes], sizes
 
