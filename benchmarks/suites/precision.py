@@ -73,14 +73,14 @@ def network(model: str):
     return net, {"loss": gluon.loss.SoftmaxCrossEntropyLoss()}
 
 
-def contender(model: str, precision: str, test, found: Dict[str, dict]):
+def contender(model: str, precision: str, test, found: Dict[str, dict], seed: int = 1):
     """The training function of a player (``harness.turns.Player``): a MainLoop, its
     accuracy on ``test`` written to ``found[precision]`` once trained."""
 
     def train(spec, iterator, init, clock):
         from mxoid import FinishAfter, MainLoop
 
-        mx.random.seed(1)  # the same initial values for both (the players build in turn)
+        mx.random.seed(seed)  # the same initial values for both (the players build in turn)
         net, options = network(model)
         if model == "lenet":
             options["arg_params"] = {k: mx.nd.array(v) for k, v in init.items()}
@@ -129,14 +129,17 @@ def module_fit_amp(X, y, init: dict, epochs: int) -> Dict[str, np.ndarray]:
     return {k: v.asnumpy() for k, v in module.get_params()[0].items()}
 
 
-def measure(model: str, samples: int, rounds: int, workdir: str, failures: List[str]) -> dict:
+def measure(
+    model: str, samples: int, rounds: int, workdir: str, failures: List[str], seed: int = 1
+) -> dict:
     """One model: float32 and bfloat16 in turns; throughput, the ratio, the accuracies."""
     (X, y), test, source = mnist(samples)
     init = workload.initial_params("lenet") if model == "lenet" else {}
     spec = {"batch_size": BATCH, "workdir": workdir, "epochs": rounds}
     found: Dict[str, dict] = {}
     players = {
-        p: turns.Player(p, spec, X, y, init, contender(model, p, test, found)) for p in PRECISIONS
+        p: turns.Player(p, spec, X, y, init, contender(model, p, test, found, seed))
+        for p in PRECISIONS
     }
     turns.play_rounds(players, rounds)
     row: Dict[str, object] = {"model": model, "samples_per_epoch": samples, "data": source}
@@ -194,6 +197,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = report.parser(__doc__, "precision")
     parser.add_argument("--models", help="comma-separated: lenet,resnet20,resnet18")
+    parser.add_argument(
+        "--seed", type=int, default=1, help="MXNet's seed: the ResNets' initial values"
+    )
     args = parser.parse_args(argv)
     run = report.Run("precision", args, argv)
     sizes, rounds = MODES[run.mode]
@@ -211,8 +217,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for model in models:
             samples = sizes.get(model, MODES["quick"][0][model])
             print(f"{model}: {samples} samples an epoch, {rounds} rounds", flush=True)
-            rows.append(measure(model, samples, rounds, workdir, failures))
+            rows.append(measure(model, samples, rounds, workdir, failures, args.seed))
     print(table(rows))
     settings = {"models": models, "rounds": rounds, "batch_size": BATCH, "contexts": 1}
+    settings["seed"] = args.seed
     settings.update(optimizer_params=OPTIMIZER_PARAMS, cpu_flags=cpu_flags())
     return run.finish(failures, settings, rows)

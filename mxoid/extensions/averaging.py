@@ -231,8 +231,8 @@ class ParameterAverage(Extension):
 class ExponentialMovingAverage(ParameterAverage):
     """An exponential moving average of every trained parameter, kept on the devices.
 
-    After every ``every_n_batches``-th optimizer step, each average becomes
-    ``decay * average + (1 - decay) * parameter``: one in-place operation per
+    After the optimizer step of every ``every_n_batches``-th batch, each average
+    becomes ``decay * average + (1 - decay) * parameter``: one in-place operation per
     parameter on the engine, nothing read to the host. It starts from the
     parameters training starts with (as TensorFlow's and Ignite's). Evaluate
     it with ``Evaluate(iterators, metrics, parameters=ema, name="ema")``
@@ -246,7 +246,10 @@ class ExponentialMovingAverage(ParameterAverage):
     decay : float, default 0.999
         In [0, 1).
     every_n_batches : int, default 1
-        Move the average after every n-th batch's optimizer step.
+        Move the average after the optimizer step of every batch whose number is a
+        multiple of n (the batch's number, as every firing condition counts). With
+        ``MainLoop(accumulate_batches=k)`` steps follow every k-th batch: 1 moves
+        the average after every step, ``k * m`` after every m-th.
     prefix : str, default 'ema'
         Of its files in checkpoints.
     **kwargs

@@ -81,8 +81,8 @@ class Network:
         if precision is not None:
             self.precision = precision
             inputs = [
-                *getattr(train_data, "provide_data", ()),
-                *getattr(train_data, "provide_label", ()),
+                *(getattr(train_data, "provide_data", None) or ()),
+                *(getattr(train_data, "provide_label", None) or ()),
             ]
             symbol = self.converted(
                 symbol, [d[0] if isinstance(d, tuple) else d.name for d in inputs]
