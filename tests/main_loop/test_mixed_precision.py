@@ -345,3 +345,34 @@ def test_bucketed_lstm_in_bfloat16_equals_bucketing_module_fit_of_amps_symbols(d
     )
     mx.nd.waitall()
     assert_identical(host(loop.get_params()[0]), host(module.get_params()[0]))
+
+
+@needs_bfloat16
+def test_a_gluon_checkpoint_of_a_bfloat16_run_is_the_float32_block(tmp_path):
+    """``net-symbol.json`` and ``net.params`` of a bfloat16 run load in Gluon as the float32
+    model (``SymbolBlock.imports``, ``load_parameters``): the block's own outputs."""
+    from mxnet import gluon
+
+    mx.random.seed(1)
+    net = gluon_block()
+    net.initialize(mx.init.Xavier())
+    train, _ = iterators(flat=False, label_name="label")
+    MainLoop(
+        net,
+        train,
+        loss=gluon.loss.SoftmaxCrossEntropyLoss(),
+        optimizer_params=dict(OPTIMIZER_PARAMS),
+        extensions=[FinishAfter(after_n_epochs=1), Checkpoint(str(tmp_path))],
+        mixed_precision="bfloat16",
+    ).run()
+    folder = latest_checkpoint(str(tmp_path)).path
+    (_, _), (Xv, _) = digits(flat=False)
+    expected = net(mx.nd.array(Xv)).asnumpy()  # float32, the trained values
+    imported = gluon.SymbolBlock.imports(
+        f"{folder}/net-symbol.json", ["data"], f"{folder}/model-0001.params"
+    )
+    np.testing.assert_allclose(imported(mx.nd.array(Xv)).asnumpy(), expected, rtol=1e-5, atol=1e-6)
+    again = gluon_block()
+    again.load_parameters(f"{folder}/net.params")
+    assert all(p.data().dtype == np.float32 for p in again.collect_params().values())
+    np.testing.assert_array_equal(again(mx.nd.array(Xv)).asnumpy(), expected)
