@@ -21,6 +21,8 @@ Suites (``benchmarks/suites/``; ``python benchmarks/run.py SUITE --help``):
   scaling   weak scaling of MXNet's parameter server under ``mxoid launch``, on loopback
   serving   MXNet float32, MXNet int8 and onnxruntime on the exported model: latency,
             throughput and accuracy of an MLP, LeNet and a ResNet-20
+  precision mixed_precision='bfloat16' against float32: speed and accuracy (LeNet,
+            ResNet-20, the model zoo's ResNet-18)
 
 Every suite has ``--quick``, ``--check`` (correctness only, tiny; exit status 1 when a
 check fails, speed never changes it) and ``--json PATH`` (default ``results/SUITE.json``).
@@ -33,7 +35,7 @@ import sys
 from harness import env
 
 SUITES = ("contest", "micro", "updaters", "head", "prefetch", "evaluate", "sweep", "startup")
-SUITES += ("scaling", "serving")
+SUITES += ("scaling", "serving", "precision")
 ALIASES = {"loop": "symbol", "gluon": "gluon", "buckets": "buckets"}  # contest's workloads
 
 

@@ -21,6 +21,7 @@ from .executor_manager import DataParallelExecutorManager, ExecutorSet, output_s
 from .executor_manager.devices import check_contexts
 from .executor_manager.pacing import DEFAULT_MAX_BATCHES_AHEAD, Pacer, check_max_batches_ahead
 from .network import as_network
+from .precision import check_mixed_precision
 
 __all__ = [
     "Predictor",
@@ -231,10 +232,15 @@ class Predictor:
     max_batches_ahead : int, 'auto' or None, default 'auto'
         How many batches the host may queue ahead of the devices, as
         :class:`~mxoid.MainLoop`'s (None: no bound).
+    mixed_precision : {None, 'bfloat16', 'float16'}, default None
+        Compute in this type, as :class:`~mxoid.MainLoop`'s: the saved float32
+        model converted by MXNet's AMP (:mod:`mxoid.precision`), its parameters
+        kept float32 and its outputs float32.
 
     Attributes
     ----------
     symbol : mx.sym.Symbol
+        The graph the executors run (converted under mixed precision).
     arg_params, aux_params : dict of str to NDArray
 
     Examples
@@ -257,11 +263,16 @@ class Predictor:
         *,
         epoch: Optional[int] = None,
         max_batches_ahead: Union[int, str, None] = DEFAULT_MAX_BATCHES_AHEAD,
+        mixed_precision: Optional[str] = None,
     ) -> None:
         self.max_batches_ahead = check_max_batches_ahead(max_batches_ahead)
-        symbol, self.arg_params, self.aux_params = load_model(source, epoch)
-        self.symbol = symbol
         self.contexts = check_contexts(contexts)
+        precision = check_mixed_precision(mixed_precision, self.contexts)
+        symbol, self.arg_params, self.aux_params = load_model(source, epoch)
+        if precision is not None:
+            known = set(self.arg_params) | set(self.aux_params)
+            symbol = precision.convert(symbol, [n for n in symbol.list_inputs() if n not in known])
+        self.symbol = symbol
         self.output_names = [output_short_name(n) for n in symbol.list_outputs()]
         self._base: Optional[DataParallelExecutorManager] = None
         self._managers: Dict[tuple, DataParallelExecutorManager] = {}

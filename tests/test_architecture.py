@@ -24,6 +24,7 @@ TOP_LEVEL = {
     "inference",
     "launch",
     "lazy",
+    "precision",
     "schedules",
 }
 FOLDERS = {

@@ -173,8 +173,15 @@ class ParameterAverage(Extension):
         return files
 
     def state_dict(self) -> Dict[str, Any]:
-        """Whether there are averages (their values are in the checkpoint's files)."""
-        return {"started": self.averages is not None}
+        """Return whether there are averages, and the names they are saved under.
+
+        Their values are in the checkpoint's files; the names, in the network's
+        order, let a Gluon block resumed by another instance (its parameters named
+        otherwise) read them back by place.
+        """
+        manager = self._loop().manager
+        names = {"names": list(self.names), "aux_names": list(manager.aux_names)}
+        return {"started": self.averages is not None, **names}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Keep the state until ``on_resumption``, when the checkpoint's folder is known."""
@@ -202,7 +209,15 @@ class ParameterAverage(Extension):
             data = handle.read()
         if hashlib.sha256(data).hexdigest() != expected["sha256"]:
             raise CheckpointError(f"checkpoint file {full} is damaged: its SHA-256 differs")
-        saved = mx.nd.load_frombuffer(data)
+        here = {"arg": self.names, "aux": loop.manager.aux_names}
+        renamed = {
+            f"{kind}:{old}": f"{kind}:{new}"
+            for kind in ("arg", "aux")
+            for old, new in zip(
+                state.get(f"{kind}_names" if kind == "aux" else "names", []), here[kind]
+            )
+        }
+        saved = {renamed.get(k, k): v for k, v in mx.nd.load_frombuffer(data).items()}
         self.averages = [
             saved[f"arg:{n}"].as_in_context(s.context).astype(s.dtype)
             for n, s in zip(self.names, self._sources)
@@ -216,8 +231,8 @@ class ParameterAverage(Extension):
 class ExponentialMovingAverage(ParameterAverage):
     """An exponential moving average of every trained parameter, kept on the devices.
 
-    After every ``every_n_batches``-th optimizer step, each average becomes
-    ``decay * average + (1 - decay) * parameter``: one in-place operation per
+    After the optimizer step of every ``every_n_batches``-th batch, each average
+    becomes ``decay * average + (1 - decay) * parameter``: one in-place operation per
     parameter on the engine, nothing read to the host. It starts from the
     parameters training starts with (as TensorFlow's and Ignite's). Evaluate
     it with ``Evaluate(iterators, metrics, parameters=ema, name="ema")``
@@ -231,7 +246,10 @@ class ExponentialMovingAverage(ParameterAverage):
     decay : float, default 0.999
         In [0, 1).
     every_n_batches : int, default 1
-        Move the average after every n-th batch's optimizer step.
+        Move the average after the optimizer step of every batch whose number is a
+        multiple of n (the batch's number, as every firing condition counts). With
+        ``MainLoop(accumulate_batches=k)`` steps follow every k-th batch: 1 moves
+        the average after every step, ``k * m`` after every m-th.
     prefix : str, default 'ema'
         Of its files in checkpoints.
     **kwargs

@@ -8,6 +8,7 @@ import re
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Set, Tuple, Union
 
 import mxnet as mx
+import numpy as np
 
 from ..executor_manager.devices import one_random_generator
 from ..log.records import MONITOR_PREFIX
@@ -33,6 +34,12 @@ STATS: Dict[str, Stat] = {
     "mean": lambda x: mx.nd.mean(x),
 }
 """Statistics by name. ``'rms'``, ``norm(x) / sqrt(x.size)``, is ``mx.mon.Monitor``'s default."""
+_LOW_PRECISION = (np.dtype(np.float16), np.dtype([("bfloat16", np.uint16)]))
+
+
+def _widened(x: mx.nd.NDArray) -> mx.nd.NDArray:
+    """Return ``x`` as float32 where it is bfloat16 or float16 (mixed precision's arrays)."""
+    return mx.nd.amp_cast(x, dtype="float32") if np.dtype(x.dtype) in _LOW_PRECISION else x
 
 
 class Monitor(Extension):
@@ -170,11 +177,11 @@ class Monitor(Extension):
             arrays = self._watched.arg_dict
             for input_name in self._input_names:
                 if self.pattern.match(input_name):
-                    self._queue[input_name] = self.stat(arrays[input_name])
+                    self._queue[input_name] = self.stat(_widened(arrays[input_name]))
         name = name.decode() if isinstance(name, bytes) else str(name)
         if name not in self._queue and self.pattern.match(name):
             array = mx.nd.NDArray(ctypes.cast(handle, mx.base.NDArrayHandle), writable=False)
-            self._queue[name] = self.stat(array)
+            self._queue[name] = self.stat(_widened(array))
 
     def before_batch(self, batch: Any) -> None:
         """On a monitored batch, have the loop run it on the twins of the executors it trains on.
@@ -204,7 +211,7 @@ class Monitor(Extension):
         ):
             for name, array in zip(names, arrays):
                 if name not in self._input_names and self.pattern.match(name):
-                    queue[name] = self.stat(array)
+                    queue[name] = self.stat(_widened(array))
         self.main_loop.synchronize()
         row = self.main_loop.log.current_row
         for name, value in queue.items():

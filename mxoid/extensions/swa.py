@@ -152,41 +152,66 @@ def batchnorm_statistics(
 
     A forward pass in training mode over every batch (the network's current
     values), each BatchNorm input's per-channel mean and variance computed on
-    the devices as one private head, read once per batch.
+    the devices as one private head, read once per batch. ``nodes``: the
+    BatchNorms of the default graph; a batch of another bucket runs on its
+    bucket's graph, whose BatchNorms (the same statistics, shared) are found there.
     """
-    parts = []
-    for node, axis, _, _ in nodes:
-        mean = mx.sym.mean(node, axis=axis, exclude=True, keepdims=True)
-        square = mx.sym.square(mx.sym.broadcast_sub(node, mean))
-        parts += [mx.sym.flatten(mean).reshape((-1,)), mx.sym.mean(square, axis=axis, exclude=True)]
-    head = mx.sym.BlockGrad(mx.sym.concat(*parts, dim=0))
-    manager, network = loop.manager, loop.network
-    executors = network.forward_set(manager, data.provide_data, data.provide_label, [head])
-    sizes = [manager.aux_arrays[manager.aux_names.index(n[2])][0].shape[0] for n in nodes]
-    total: Optional[np.ndarray] = None
+    network = loop.network
+    heads: Dict[Any, Tuple[Any, List[Tuple[str, str]], List[int]]] = {}
+    total: Dict[str, np.ndarray] = {}
     batches = 0
     read = evaluation_iterator(data)
     with random_states_kept():
         read.reset()
         try:
             for batch in read:
+                key = network.key_of(batch)
+                if key not in heads:
+                    own = batch.provide_data is not None  # a bucket's batch says its shapes
+                    descs = (batch.provide_data, batch.provide_label) if own else None
+                    descs = descs or (read.provide_data, read.provide_label)
+                    default = nodes if key is None else None
+                    heads[key] = _statistics_head(loop, descs, key, default)
+                executors, names, sizes = heads[key]
                 executors.load_data_batch(batch)
                 executors.forward(is_train=True)
                 rows = np.array([s.stop - s.start for s in executors.slices], dtype=np.float64)
                 stats = [out.asnumpy().astype(np.float64) for out in executors.private_outputs[0]]
-                combined = _combine(stats, rows, sizes)
-                total = combined if total is None else total + combined
+                combined, offset = _combine(stats, rows, sizes), 0
+                for (mean_name, var_name), size in zip(names, sizes):
+                    for name in (mean_name, var_name):
+                        part = combined[offset : offset + size]
+                        total[name] = part if name not in total else total[name] + part
+                        offset += size
                 batches += 1
         finally:
             read.reset()
     if batches == 0:
         raise ValueError("the data for BatchNorm's statistics yielded no batch")
-    averaged, found, offset = total / batches, {}, 0
-    for (_, _, mean_name, var_name), size in zip(nodes, sizes):
-        found[mean_name] = mx.nd.array(averaged[offset : offset + size])
-        found[var_name] = mx.nd.array(averaged[offset + size : offset + 2 * size])
-        offset += 2 * size
-    return found
+    return {name: mx.nd.array(value / batches) for name, value in total.items()}
+
+
+def _statistics_head(
+    loop: MainLoop, descs: Tuple[Any, Any], key: Any, nodes: Optional[List[Tuple[Any, ...]]]
+) -> Tuple[Any, List[Tuple[str, str]], List[int]]:
+    """Return the executor set computing the statistics of a batch's graph, their names, sizes.
+
+    ``descs``: the batch's ``(provide_data, provide_label)``. Bound on first use for its
+    bucket (``key``), sharing the training arrays.
+    """
+    manager, network = loop.manager, loop.network
+    if nodes is None:
+        nodes = batchnorm_nodes(network.graph(key, *descs))
+    parts = []
+    for node, axis, _, _ in nodes:
+        node = mx.sym.amp_cast(node, dtype="float32")  # bfloat16 under mixed precision
+        mean = mx.sym.mean(node, axis=axis, exclude=True, keepdims=True)
+        square = mx.sym.square(mx.sym.broadcast_sub(node, mean))
+        parts += [mx.sym.flatten(mean).reshape((-1,)), mx.sym.mean(square, axis=axis, exclude=True)]
+    head = mx.sym.BlockGrad(mx.sym.concat(*parts, dim=0))
+    executors = network.forward_set(manager, descs[0], descs[1], [head], key=key)
+    sizes = [manager.aux_arrays[manager.aux_names.index(n[2])][0].shape[0] for n in nodes]
+    return executors, [(n[2], n[3]) for n in nodes], sizes
 
 
 def _combine(stats: List[np.ndarray], rows: np.ndarray, sizes: List[int]) -> np.ndarray:

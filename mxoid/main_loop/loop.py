@@ -40,6 +40,7 @@ from ..log import TrainingLog, TrainingStatus
 from ..log.files import RESUMED_FROM
 from ..log.records import ERROR, TRAINING_FINISH_REQUESTED
 from ..network import as_network, legacy_view
+from ..precision import check_mixed_precision
 from ..update import KVStoreLike, create_kvstore, prepare_update
 from .accumulation import check_accumulate_batches, pending_gradients
 from .building import bind_training, check_inputs, heads_asker, set_initial_params
@@ -152,6 +153,16 @@ class MainLoop:
         With a Gluon block: the training objective, ``loss(output, label)`` per
         row (``gluon.loss.SoftmaxCrossEntropyLoss()``); its gradient summed over
         the batch and rescaled by ``1 / batch_size``, as ``trainer.step(batch_size)``.
+    mixed_precision : {None, 'bfloat16', 'float16'}, default None
+        Compute in this type where MXNet's automatic mixed precision does
+        (``mx.contrib.amp``; its ``target_dtype``): convolutions and fully
+        connected layers, and the dtype-neutral operators between them. The
+        parameters, their gradients, the optimizer's states, checkpoints and
+        :meth:`get_params` stay float32. ``'bfloat16'`` on CPUs with AVX-512
+        (checked when the loop is built: a ``ValueError`` says why not);
+        ``'float16'`` on GPUs. Every kind of network (a symbol, a ``sym_gen``,
+        a Gluon block) and every extension as in float32. See
+        :mod:`mxoid.precision`.
 
     Attributes
     ----------
@@ -196,6 +207,8 @@ class MainLoop:
         The epochs of batches (:meth:`run`).
     accumulate_batches, max_batches_ahead, exit_on_interrupt
         As given.
+    mixed_precision : str or None
+        The compute type given (None: float32).
     gluon, buckets
         Deprecated (mxoid 0.4): ``network`` where it is a Gluon block's or a
         sym_gen's, else None.
@@ -250,10 +263,15 @@ class MainLoop:
         max_batches_ahead: Union[int, str, None] = DEFAULT_MAX_BATCHES_AHEAD,
         default_bucket_key: Any = None,
         loss: Any = None,
+        mixed_precision: Optional[str] = None,
     ) -> None:
         kv = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         try:
-            self.network = as_network(symbol, train_data, loss, initializer, default_bucket_key)
+            precision = check_mixed_precision(mixed_precision, check_contexts(contexts))
+            self.mixed_precision = None if precision is None else precision.dtype
+            self.network = as_network(
+                symbol, train_data, loss, initializer, default_bucket_key, precision
+            )
             symbol, train_data = self.network.symbol, self.network.train_data
             arg_params, aux_params, fixed_param_names = self.network.loop_settings(
                 arg_params, aux_params, fixed_param_names

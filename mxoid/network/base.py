@@ -12,6 +12,9 @@ the same questions, and only the network knows the answer:
 - which executor set trains a batch (:meth:`Network.training_set`, for a
   network whose batches switch graphs: :attr:`Network.switches_graphs`);
 - the initial values and fixed parameters (:meth:`Network.loop_settings`);
+- how the graphs compute: under mixed precision (:attr:`Network.precision`),
+  every graph is converted once, when made (:meth:`Network.converted`), so that
+  the executors, the private heads and the checkpoints all see the one graph;
 - what goes back into the user's object when training ends
   (:meth:`Network.give_back`), and the files a checkpoint holds beside
   MXNet's (:meth:`Network.checkpoint_files`), and what the loop's state says
@@ -52,12 +55,16 @@ class Network:
         The graph (checked by the loop when it is built).
     train_data : mx.io.DataIter
         The training iterator, as the loop reads it.
+    precision : mxoid.precision.MixedPrecision, optional
+        How the graphs compute (None: as given, float32).
 
     Attributes
     ----------
     symbol : mx.sym.Symbol
-        The graph of the manager's training set, bound first.
+        The graph of the manager's training set, bound first (converted under
+        mixed precision).
     train_data : mx.io.DataIter
+    precision : mxoid.precision.MixedPrecision or None
     default_key : hashable or None
         The bucket key of the training set's graph (None: a network of one graph).
     switches_graphs : bool
@@ -68,10 +75,31 @@ class Network:
 
     default_key: Optional[Hashable] = None
     switches_graphs: bool = False
+    precision: Any = None
 
-    def __init__(self, symbol: Any, train_data: Any) -> None:
+    def __init__(self, symbol: Any, train_data: Any, precision: Any = None) -> None:
+        if precision is not None:
+            self.precision = precision
+            inputs = [
+                *(getattr(train_data, "provide_data", None) or ()),
+                *(getattr(train_data, "provide_label", None) or ()),
+            ]
+            symbol = self.converted(
+                symbol, [d[0] if isinstance(d, tuple) else d.name for d in inputs]
+            )
         self.symbol = symbol
         self.train_data = train_data
+
+    def converted(self, symbol: mx.sym.Symbol, input_names: Sequence[str]) -> mx.sym.Symbol:
+        """Return ``symbol`` as the executors run it, ``input_names`` its inputs.
+
+        Under mixed precision, AMP's conversion (:meth:`mxoid.precision.MixedPrecision.convert`:
+        float32 parameters, float32 outputs of the same names); else ``symbol`` itself.
+        A network converts each graph once, when it makes it.
+        """
+        if self.precision is None or not isinstance(symbol, mx.sym.Symbol):
+            return symbol
+        return self.precision.convert(symbol, input_names)
 
     # ------------------------------------------------------------ parameters
     def loop_settings(

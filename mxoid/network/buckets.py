@@ -113,6 +113,8 @@ class BucketNetwork(Network):
     default_key : hashable, optional
         The bucket of the manager's training set (``train_data.default_bucket_key``
         by default): the longest, as ``BucketingModule``'s.
+    precision : mxoid.precision.MixedPrecision, optional
+        How the graphs compute: each bucket's converted when generated.
 
     Attributes
     ----------
@@ -129,7 +131,9 @@ class BucketNetwork(Network):
         default_key: Optional[Hashable] = None,
         *,
         stacklevel: int = 3,
+        precision: Any = None,
     ) -> None:
+        self.precision = precision
         if default_key is None:
             default_key = getattr(train_data, "default_bucket_key", None)
         if default_key is None:
@@ -216,7 +220,7 @@ class BucketNetwork(Network):
                             key=key, name=name, default=self.default_key, known=known
                         )
                     )
-        self._symbols[key] = symbol
+        symbol = self._symbols[key] = self.converted(symbol, [*data_names, *label_names])
         return symbol
 
     def training_set(

@@ -165,6 +165,9 @@ class GluonNetwork(Network):
         For a block never initialized (Gluon's default initializer otherwise).
     train_data : mx.io.DataIter, optional
         The training iterator, as the loop reads it.
+    precision : mxoid.precision.MixedPrecision, optional
+        How the graphs compute: both traces converted (the block's parameters
+        stay float32).
 
     Attributes
     ----------
@@ -186,8 +189,10 @@ class GluonNetwork(Network):
         label_names: Sequence[str],
         initializer: Optional[mx.init.Initializer] = None,
         train_data: Any = None,
+        precision: Any = None,
     ) -> None:
         _check(block, loss)
+        self.precision = precision
         self.block, self.loss = block, loss
         self.data_names = [_desc_name(d) for d in data_descs]
         self.label_names = list(label_names)
@@ -196,8 +201,11 @@ class GluonNetwork(Network):
         train, self.output_names = self._trace(autograd.train_mode)
         _check_per_row(train, data_descs, getattr(train_data, "provide_label", None))
         predict, _ = self._trace(autograd.predict_mode)
-        super().__init__(train, train_data)
-        self.evaluation_symbol = None if _same_graph(train, predict) else predict
+        inputs = self.data_names + self.label_names
+        super().__init__(self.converted(train, inputs), train_data)
+        self.evaluation_symbol = (
+            None if _same_graph(train, predict) else self.converted(predict, inputs)
+        )
         self.prediction = mx.sym.Group(self._raw_outputs)  # predict mode, for net-symbol.json
         self.parameters = {p.name: p for p in block.collect_params().values()}
         self._short_sets: Dict[Any, ExecutorSet] = {}
@@ -387,7 +395,11 @@ class GluonNetwork(Network):
 
 
 def network_inputs(
-    network: Any, train_data: Any, loss: Any, initializer: Optional[mx.init.Initializer]
+    network: Any,
+    train_data: Any,
+    loss: Any,
+    initializer: Optional[mx.init.Initializer],
+    precision: Any = None,
 ) -> Tuple[Any, Any, Optional[GluonNetwork]]:
     """Return ``(network, train_data, gluon)`` as the loop takes them.
 
@@ -409,7 +421,7 @@ def network_inputs(
     train_data = as_data_iter(train_data, *input_names(network, loss))
     labels = [_desc_name(d) for d in train_data.provide_label or ()]
     traced = GluonNetwork(
-        network, loss, list(train_data.provide_data), labels, initializer, train_data
+        network, loss, list(train_data.provide_data), labels, initializer, train_data, precision
     )
     return traced.symbol, train_data, traced
 

@@ -385,7 +385,7 @@ def test_each_pair_of_timed_rounds_gives_every_contender_each_position_alike():
 # ------------------------------------------------------------- the suites of run.py
 CHECKED_BY = {  # each suite run.py names -> the test module that runs its --check
     **dict.fromkeys(("loop", "micro", "updaters", "head", "prefetch"), "test_suites.py"),
-    **dict.fromkeys(("evaluate", "sweep", "startup", "scaling"), "test_suites.py"),
+    **dict.fromkeys(("evaluate", "sweep", "startup", "scaling", "precision"), "test_suites.py"),
     "gluon": "test_gluon_suite.py",
     "buckets": "test_buckets_suite.py",
     "serving": "test_serving_suite.py",

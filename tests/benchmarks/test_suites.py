@@ -305,3 +305,23 @@ def test_scaling_saves_time_a_checkpoint_without_and_with_the_servers_states(tmp
     more = save["with_bytes"] - save["without_bytes"]  # the file, and its manifest entry
     assert save["states_bytes"] < more < save["states_bytes"] + 1000
     assert "| model | workers | servers | save ms | with server states ms |" in stdout
+
+
+def test_precision_check_bfloat16_lenet_trains_as_module_fit_of_amps_symbol(tmp_path):
+    """LeNet in turns, float32 and bfloat16: mxoid's bfloat16 parameters equal Module.fit of
+    AMP's converted symbol, both loops' are float32, the bfloat16 graph holds amp_cast; a
+    ratio with its interval and an accuracy for each."""
+    from mxoid.precision import bfloat16_support
+
+    missing = bfloat16_support()
+    if missing is not None:
+        pytest.skip(f"this CPU does not compute bfloat16 in MXNet's MKLDNN ({missing})")
+    data, stdout = check("precision", tmp_path)
+    (row,) = data["results"]
+    assert row["model"] == "lenet" and row["equal_to_module_fit_amp"] is True
+    low, high = row["speed_ratio_interval"]
+    assert row["speed_ratio"] > 0 and low <= row["speed_ratio"] <= high
+    for precision in ("float32", "bfloat16"):
+        assert row[precision]["float32"] and 0 <= row[precision]["accuracy"] <= 1
+    assert row["bfloat16"]["amp_cast"] and not row["float32"]["amp_cast"]
+    assert "| lenet |" in stdout and "speed bf16 / fp32 (90%)" in stdout
