@@ -9,9 +9,9 @@ each batch named in order, a short last batch padded.
 It also makes a run with a ``DataLoader`` reproducible and resumable in the
 middle of an epoch. The order of each epoch is drawn by the adapter, as the
 loader would draw it, and kept (:class:`~mxoid.data.sampling.EpochOrder`);
-each sample is loaded with the random generators seeded from the run's seed,
-the epoch and its index (:class:`~mxoid.data.sampling.SeededDataset`), in
-this process or in a worker. A resumption gives the epoch's order back and
+each batch is loaded with the random generators seeded from the run's seed,
+the epoch and the batch's number (:class:`~mxoid.data.sampling.SeededDataset`),
+in this process or in a worker. A resumption gives the epoch's order back and
 starts the workers at the next batch: the batches already trained on are not
 loaded again.
 """
@@ -144,14 +144,16 @@ class DataLoaderIter(mx.io.DataIter):
     global generators: a warning says so at resumption, unless the sampler has
     ``resets_are_deterministic = True``.
 
-    Each sample is loaded with NumPy's and Python's global generators seeded
-    from ``(seed, epoch, index)``, and in a worker process MXNet's CPU
-    generator too, before the first sample of each batch (see
-    :class:`~mxoid.data.sampling.SeededDataset`; a dataset of arrays, which
-    draws nothing, is read unseeded: :func:`~mxoid.data.sampling.draws_nothing`): a random
-    augmentation is the same in two runs with the same seed and in a resumed
-    epoch, with or without workers, and workers forked with one random state
-    do not repeat each other's. In this process (``num_workers=0``,
+    Each batch is loaded with NumPy's and Python's global generators seeded
+    from ``(seed, epoch, batch number)`` before its first sample, and in a
+    worker process MXNet's CPU generator too (see
+    :class:`~mxoid.data.sampling.SeededDataset`; in a thread pool, whose
+    samples load in no fixed order, each sample from ``(seed, epoch, index)``;
+    a dataset of arrays, which draws nothing, is read unseeded:
+    :func:`~mxoid.data.sampling.draws_nothing`): a random augmentation is the
+    same in two runs with the same seed and in a resumed epoch, with or
+    without workers, and workers forked with one random state do not repeat
+    each other's. In this process (``num_workers=0``,
     ``thread_pool=True``) MXNet's generator is left to the training, so an
     augmentation drawn by MXNet's random operators there is reproduced by
     ``mx.random.seed`` (and by a :class:`~mxoid.extensions.Checkpoint`'s

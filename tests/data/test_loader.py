@@ -298,23 +298,38 @@ def test_workers_draw_mxnet_random_numbers_from_the_samples_seeds():
     # whenever both load batches: which worker loads which batch is up to the pool.)
 
 
-def test_mxnets_generator_is_seeded_once_a_batch_in_the_workers(monkeypatch):
-    """Seeding it re-seeds its 1,024 parallel generators (about 1.3 ms): once a batch, before
-    its first sample, not per sample; NumPy's and Python's generators per sample."""
+def test_the_generators_are_seeded_once_a_batch_in_and_out_of_workers(monkeypatch):
+    """Seeding costs more than a jitter draws (MXNet's re-seeds its 1,024 parallel generators,
+    about 1.3 ms; NumPy's and Python's about 17 us a sample): once a batch, before its first
+    sample, from the run's seed, the epoch and the batch's number (its samples load in order,
+    in one worker); MXNet's in workers only. On threads of this process, per sample."""
     from mxoid.data import sampling
 
     X, y = numbered(n=12)
-    dataset = sampling.SeededDataset(ArrayDataset(X, y).transform_first(jitter), threads=False)
-    dataset._pid = -1  # as in a worker process
+    transformed = ArrayDataset(X, y).transform_first(jitter)
+    keys = sampling.KeyBatches()
+    keys.batches, keys.seed, keys.epoch, keys.start = [[9, 4], [3, 1, 2], [0, 5]], 7, 1, 1
     seeds = []
     monkeypatch.setattr(mx.random, "seed", lambda value, ctx=None: seeds.append(value))
-    keys = sampling.KeyBatches()
-    keys.batches, keys.seed, keys.epoch = [[3, 1, 2], [0, 5]], 7, 1
-    loaded = [[dataset[key] for key in batch] for batch in keys]
-    assert seeds == [sampling.sample_seed(7, 1, 3), sampling.sample_seed(7, 1, 0)]
+    for worker in (True, False):
+        seeds.clear()
+        dataset = sampling.SeededDataset(transformed, threads=False)
+        if worker:
+            dataset._pid = -1  # as in a worker process
+        loaded = [[dataset[key] for key in batch] for batch in keys]
+        assert seeds == (
+            [sampling.batch_seed(7, 1, 1), sampling.batch_seed(7, 1, 2)] if worker else []
+        )
+        np.random.seed(sampling.batch_seed(7, 1, 1))
+        random.seed(sampling.batch_seed(7, 1, 1))
+        expected = [jitter(X[3]), jitter(X[1]), jitter(X[2])]  # drawn in order, seeded once
+        for (sample, _), value in zip(loaded[0], expected):
+            np.testing.assert_array_equal(sample, value)
+    threaded = sampling.SeededDataset(transformed, threads=True)
+    sample, _ = threaded[(2, 7, 1, -1)]
     np.random.seed(sampling.sample_seed(7, 1, 2))
     random.seed(sampling.sample_seed(7, 1, 2))
-    np.testing.assert_array_equal(loaded[0][2][0], jitter(X[2]))  # each sample its own seed
+    np.testing.assert_array_equal(sample, jitter(X[2]))  # on threads: each sample its own
 
 
 def test_a_dataset_that_draws_nothing_is_read_unseeded_in_and_out_of_workers():
