@@ -222,6 +222,11 @@ class GluonNetwork(Network):
                 self.block(*inputs)
 
     def _trace(self, mode: Any) -> Tuple[mx.sym.Symbol, List[str]]:
+        for param in self.block.collect_params().values():
+            # Gluon caches a Parameter's symbol at its first trace (a deferred shape's
+            # inference, a hybridized call), its lr_mult / wd_mult as they were then:
+            # traced afresh, the graph carries the values Gluon's Trainer reads now.
+            param._var = None
         data = [mx.sym.var(name) for name in self.data_names]
         labels = [mx.sym.var(name) for name in self.label_names]
         with mode():
