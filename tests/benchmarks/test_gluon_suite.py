@@ -140,6 +140,12 @@ def test_targets_and_comparisons_of_every_cell_carry_their_interval(report):
         ):
             assert found[text]["is_target"]
     assert "mxoid_gluon over gluon_hybrid_acc, LeNet b32 2 ctx: >= 1.50x" not in found
+    for workers in ("", "_w2"):  # issue 38's: on the MLP and the jitter cell, not LeNet
+        loader = f"mxoid_gluon_loader{workers} over gluon_hybrid_acc_loader{workers}"
+        assert found[f"{loader}, MLP b32 1 ctx: >= 1.20x"]["is_target"]
+        assert found[f"{loader}, digits MLP, jitter b32 1 ctx: >= 1.20x"]["is_target"]
+        assert not found[f"{loader}, LeNet b32 2 ctx"]["is_target"]
+    assert found["mxoid_gluon over gluon_hybrid, ResNet-18 b4 2 ctx: >= 1.00x"]["is_target"]
     assert found["mxoid_gluon over gluon_hybrid, LeNet b32 2 ctx: >= 1.00x"]["is_target"]
     assert not found["mxoid_gluon_bare over gluon_hybrid, LeNet b32 2 ctx"]["is_target"]
     for entry in found.values():

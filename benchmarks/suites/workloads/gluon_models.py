@@ -14,6 +14,8 @@ contenders of a process, each building its own block, share the names of the fir
 (:func:`initial_values`).
 """
 
+import math
+
 import mxnet as mx
 import numpy as np
 from harness.workload import NUM_CLASSES, PARAM_SEED, initial_params, make_data
@@ -83,12 +85,25 @@ def data(model: str, samples: int, seed: int = 0):
 
 def initial_values(model: str) -> dict:
     """The first values of the cell's network by parameter name: the symbol workload's
-    Glorot-uniform draw where it has the model, else Gluon's initialization (Xavier,
-    BatchNorm's ones and zeros) under a fixed seed."""
+    Glorot-uniform draw where it has the model; else the same draw by NumPy (fixed seed,
+    sorted names) for weights, and Gluon's ones and zeros for BatchNorm's gamma, running
+    variance, beta, running mean and biases. Not MXNet's initializers: on this machine a
+    seeded ``mx.init.Xavier()`` drew one of the ResNet's 62 arrays otherwise in one
+    process of three, and the processes' results then differed."""
     if model in ("mlp", "lenet"):
         return initial_params(model)
     net = gluon_net(model)
-    mx.random.seed(PARAM_SEED)
-    net.initialize(mx.init.Xavier())
+    net.initialize(mx.init.Zero())
     finish_initialization(net, model)
-    return {name: p.data().asnumpy() for name, p in net.collect_params().items()}
+    rng, values = np.random.RandomState(PARAM_SEED), {}
+    for name in sorted(net.collect_params().keys()):
+        shape = net.collect_params()[name].shape
+        if name.endswith(("_gamma", "_running_var")):
+            values[name] = np.ones(shape, np.float32)
+        elif not name.endswith("_weight"):
+            values[name] = np.zeros(shape, np.float32)
+        else:
+            receptive = int(np.prod(shape[2:])) if len(shape) > 2 else 1
+            bound = math.sqrt(6.0 / ((shape[1] + shape[0]) * receptive))
+            values[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+    return values
