@@ -34,6 +34,21 @@ class Contest:
     versus_key: str = "module_fit"  # the rows' name for ``versus``: ratio_to_VERSUS_KEY
     headers: Tuple[str, str] = ("x hand", "x Module")  # the table's columns of the two ratios
     reference_text: str = "the hand loop"  # the reference in failure messages
+    # (contender, cell) -> whether it must end with the reference's parameters; by
+    # default, whether it is in ``equal_to_hand``
+    expected_equal: Optional[Callable[[str, tuple], bool]] = None
+    # (cell, contenders) -> the contenders that train in that cell; by default all
+    cell_contenders: Optional[Callable[[tuple, Sequence[str]], List[str]]] = None
+
+    def expects_equal(self, name: str, cell: tuple) -> bool:
+        """Whether ``name`` must end with the reference's parameters in ``cell``."""
+        if self.expected_equal is not None:
+            return self.expected_equal(name, cell)
+        return name in self.equal_to_hand
+
+    def contenders_of(self, cell: tuple, names: Sequence[str]) -> List[str]:
+        """The contenders of ``names`` that train in ``cell``, in their order."""
+        return list(names) if self.cell_contenders is None else self.cell_contenders(cell, names)
 
 
 def add_options(parser, contenders: Sequence[str], cells: str, extra=()) -> None:
@@ -140,7 +155,7 @@ def _row(name, cell, group, medians, hand_params, contest: Contest) -> dict:
     row["attempts"] = sum(len(j.attempts) for j in group)
     row["notes"] = sorted({n for j in group for n in j.result["notes"]})
     row["finite"] = all(j.result["finite"] for j in group)
-    row[f"expected_equal_to_{key}"] = name in contest.equal_to_hand
+    row[f"expected_equal_to_{key}"] = contest.expects_equal(name, cell)
     if not interleaved:
         kib = [(j.result["peak_rss_kib"], j.result["rss_before_training_kib"]) for j in group]
         row["peak_rss_mib"] = max(peak for peak, _ in kib) / 1024
@@ -259,7 +274,7 @@ def run(contest: Contest, plan: dict, launcher, root: str, quiet=False, worker_t
 
     workers = []
     for r, cell in itertools.product(range(repeat), cells):
-        spec_ = spec(cell, 1 + timed, contenders=contenders, repeat=r)
+        spec_ = spec(cell, 1 + timed, contenders=contest.contenders_of(cell, contenders), repeat=r)
         workers.append(InterleavedJob(spec_, cell, root, name(cell, r)))
     if not quiet:
         print(f"Throughput: a cell's contenders in turns, {timed} rounds, {repeat} process(es)")
@@ -269,7 +284,8 @@ def run(contest: Contest, plan: dict, launcher, root: str, quiet=False, worker_t
         return rows, check, len(workers)
     if not quiet:
         print(f"Memory: each contender alone, a warm-up and {memory_epochs} timed epoch(s)")
-    folder, pairs = os.path.join(root, "memory"), itertools.product(cells, contenders)
+    folder = os.path.join(root, "memory")
+    pairs = [(cell, c) for cell in cells for c in contest.contenders_of(cell, contenders)]
     memory = [
         Job(spec(cell, 1 + memory_epochs, contender=c), cell, folder, name(cell, c))
         for cell, c in pairs

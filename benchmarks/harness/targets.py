@@ -31,8 +31,9 @@ def target(text: str, measured: float, limit: float, unit: str, at_most=False, v
 
 def ratios(rows: List[dict], table: Sequence[tuple], contest_: contest.Contest, floor=False):
     """The entries of ``table`` for every cell of ``rows``: ``(contender, over, limit, a
-    target?, where)`` each, ``where`` None or the ``model-batch`` of the only cells it
-    applies to; a target reads ``>= LIMITx``, a comparison has no limit in its text.
+    target?, where)`` each, ``where`` None or the ``model-batch`` (or a tuple of them) of
+    the only cells it applies to; a target reads ``>= LIMITx``, a comparison has no limit
+    in its text.
     ``floor``: targets over another contender than the reference carry the reference's
     own ratio over it."""
     keys = contest_.cell_keys
@@ -42,7 +43,8 @@ def ratios(rows: List[dict], table: Sequence[tuple], contest_: contest.Contest, 
     for cell in dict.fromkeys(contest.cell_of(r, keys) for r in rows):
         for contender, over, limit, is_target, where in table:
             mine, theirs = index.get((contender, *cell)), index.get((over, *cell))
-            if mine is None or theirs is None or (where and f"{cell[0]}-{cell[1]}" != where):
+            places = (where,) if isinstance(where, str) else where
+            if mine is None or theirs is None or (places and f"{cell[0]}-{cell[1]}" not in places):
                 continue
             text = f"{contender} over {over}, {contest_.describe(cell)}"
             text += f": >= {limit:.2f}x" if is_target else ""

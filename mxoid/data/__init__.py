@@ -3,7 +3,7 @@
 :class:`Prefetch` reads the next batches of an iterator on a background thread
 while the devices compute, and keeps exact resumption. :class:`DataLoaderIter`
 reads a Gluon ``DataLoader`` as an ``mx.io.DataIter``, resumable mid-epoch
-exactly, its random augmentation seeded per sample; :func:`as_data_iter` takes
+exactly, its random augmentation seeded once a batch; :func:`as_data_iter` takes
 either.
 """
 

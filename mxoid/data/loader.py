@@ -9,15 +9,16 @@ each batch named in order, a short last batch padded.
 It also makes a run with a ``DataLoader`` reproducible and resumable in the
 middle of an epoch. The order of each epoch is drawn by the adapter, as the
 loader would draw it, and kept (:class:`~mxoid.data.sampling.EpochOrder`);
-each sample is loaded with the random generators seeded from the run's seed,
-the epoch and its index (:class:`~mxoid.data.sampling.SeededDataset`), in
-this process or in a worker. A resumption gives the epoch's order back and
+each batch is loaded with the random generators seeded from the run's seed,
+the epoch and the batch's number (:class:`~mxoid.data.sampling.SeededDataset`),
+in this process or in a worker. A resumption gives the epoch's order back and
 starts the workers at the next batch: the batches already trained on are not
 loaded again.
 """
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -26,7 +27,13 @@ import numpy as np
 
 from .sampling import RANDOM_STATE_LOCK, EpochOrder, KeyBatches, SeededDataset
 
-__all__ = ["DataLoaderIter", "as_data_iter", "as_input_iter", "batchify_without_waiting"]
+__all__ = [
+    "DataLoaderIter",
+    "WorkerBatchify",
+    "as_data_iter",
+    "as_input_iter",
+    "batchify_without_waiting",
+]
 
 Names = Union[str, Sequence[str]]
 
@@ -47,6 +54,9 @@ OTHER_SHAPE = (
     "shapes: make the dataset's samples, or the loader's batchify_fn, of one shape"
 )
 ZERO_COPY_TYPES = ("float16", "float32", "float64", "uint8", "int8", "int32", "int64")
+# A worker's batch array of at most this many bytes comes back pickled by value (see
+# WorkerBatchify): passing a shared-memory file descriptor costs about 1 ms an array.
+BY_VALUE_BYTES = 1 << 20
 NO_BATCHES = "the DataLoader yields no batches: its dataset has {count} sample(s)"
 
 
@@ -122,9 +132,10 @@ class DataLoaderIter(mx.io.DataIter):
     instead, unpadded, with ``provide_data`` / ``provide_label`` of its own
     and ``batch.short`` True: the loop trains it as Gluon's
     ``trainer.step(real_rows)`` does (:mod:`mxoid.network.gluon`). Batches come
-    out as the loader gives them: NDArrays on the CPU
-    (``cpu_shared`` from worker processes, ``cpu_pinned`` with
-    ``pin_memory=True``).
+    out as the loader gives them: NDArrays on the CPU (``cpu_pinned`` with
+    ``pin_memory=True``; from worker processes, with Gluon's batch function,
+    arrays of up to 1 MiB on ``cpu``, sent by value, larger ones on
+    ``cpu_shared``: :class:`WorkerBatchify`).
 
     The order of each epoch is the adapter's: it is drawn from the loader's
     sampler as ``iter(loader)`` would draw it, from the same NumPy state, so
@@ -144,14 +155,16 @@ class DataLoaderIter(mx.io.DataIter):
     global generators: a warning says so at resumption, unless the sampler has
     ``resets_are_deterministic = True``.
 
-    Each sample is loaded with NumPy's and Python's global generators seeded
-    from ``(seed, epoch, index)``, and in a worker process MXNet's CPU
-    generator too, before the first sample of each batch (see
-    :class:`~mxoid.data.sampling.SeededDataset`; a dataset of arrays, which
-    draws nothing, is read unseeded: :func:`~mxoid.data.sampling.draws_nothing`): a random
-    augmentation is the same in two runs with the same seed and in a resumed
-    epoch, with or without workers, and workers forked with one random state
-    do not repeat each other's. In this process (``num_workers=0``,
+    Each batch is loaded with NumPy's and Python's global generators seeded
+    from ``(seed, epoch, batch number)`` before its first sample, and in a
+    worker process MXNet's CPU generator too (see
+    :class:`~mxoid.data.sampling.SeededDataset`; in a thread pool, whose
+    samples load in no fixed order, each sample from ``(seed, epoch, index)``;
+    a dataset of arrays, which draws nothing, is read unseeded:
+    :func:`~mxoid.data.sampling.draws_nothing`): a random augmentation is the
+    same in two runs with the same seed and in a resumed epoch, with or
+    without workers, and workers forked with one random state do not repeat
+    each other's. In this process (``num_workers=0``,
     ``thread_pool=True``) MXNet's generator is left to the training, so an
     augmentation drawn by MXNet's random operators there is reproduced by
     ``mx.random.seed`` (and by a :class:`~mxoid.extensions.Checkpoint`'s
@@ -224,8 +237,9 @@ class DataLoaderIter(mx.io.DataIter):
         self._order = EpochOrder(loader._batch_sampler, len(loader._dataset))
         self._keys = KeyBatches()
         batchify = loader._batchify_fn
-        if batchify is mx.gluon.data.dataloader.default_batchify_fn:
-            batchify = batchify_without_waiting
+        gluon_data = mx.gluon.data.dataloader
+        if batchify in (gluon_data.default_batchify_fn, gluon_data.default_mp_batchify_fn):
+            batchify = WorkerBatchify(by_value=not loader._pin_memory)
         self._loader = mx.gluon.data.DataLoader(
             SeededDataset(loader._dataset, threads=loader._thread_pool),
             batch_sampler=self._keys,
@@ -467,6 +481,52 @@ def batchify_without_waiting(data: List[Any]) -> Any:
     return mx.nd.from_numpy(array, zero_copy=True)
 
 
+class WorkerBatchify:
+    """Gluon's default batches: :func:`batchify_without_waiting`'s, and by value from workers.
+
+    In this process (no worker, or a thread pool) a batch is
+    :func:`batchify_without_waiting`'s. In a worker process Gluon's own
+    (``default_mp_batchify_fn``) puts each batch array in shared memory and
+    the loader's process rebuilds it from a file descriptor passed through
+    ``multiprocessing``'s resource sharer: a connection and an authentication
+    per array, about 1 ms of the training thread's time each, more than a
+    batch of small samples takes to train (2 of the 3 ms a batch of an MLP on
+    the digits took on two loaded cores). Here an array of at most
+    :data:`BY_VALUE_BYTES` comes back pickled by value, as a NumPy array (the
+    adapter shares it with an NDArray, zero-copy); a larger one, or any with
+    ``by_value`` False (``pin_memory=True``: Gluon pins NDArrays), in shared
+    memory as Gluon's. The values, types and shapes are Gluon's.
+
+    Parameters
+    ----------
+    by_value : bool
+        Whether a worker sends small arrays by value.
+    """
+
+    def __init__(self, by_value: bool = True) -> None:
+        self.by_value = by_value
+        self._pid = os.getpid()
+
+    def __call__(self, data: List[Any]) -> Any:
+        """Return the batch of these samples (in this process, or in a worker)."""
+        if os.getpid() == self._pid:
+            return batchify_without_waiting(data)
+        return _worker_batch(data, self.by_value)
+
+
+def _worker_batch(data: List[Any], by_value: bool) -> Any:
+    """Return a worker's batch: NumPy arrays up to BY_VALUE_BYTES, else Gluon's shared NDArrays."""
+    first = data[0]
+    if isinstance(first, tuple):
+        return [_worker_batch(list(field), by_value) for field in zip(*data)]
+    if isinstance(first, (mx.nd.NDArray, mx.np.ndarray)) or mx.util.is_np_array():
+        return mx.gluon.data.dataloader.default_mp_batchify_fn(data)
+    array = np.ascontiguousarray(np.asarray(data))
+    if by_value and array.dtype.name in ZERO_COPY_TYPES and array.nbytes <= BY_VALUE_BYTES:
+        return array
+    return mx.gluon.data.dataloader.default_mp_batchify_fn(data)
+
+
 def _names(names: Names, what: str) -> Tuple[str, ...]:
     if isinstance(names, str):
         names = (names,)
@@ -498,5 +558,8 @@ def _arrays(batch: Any) -> List[mx.nd.NDArray]:
             arrays.append(item)
         else:
             item = np.asarray(item)
-            arrays.append(mx.nd.array(item, dtype=item.dtype))
+            if item.dtype.name in ZERO_COPY_TYPES and item.flags.c_contiguous:
+                arrays.append(mx.nd.from_numpy(item, zero_copy=True))  # a worker's, by value
+            else:
+                arrays.append(mx.nd.array(item, dtype=item.dtype))
     return arrays

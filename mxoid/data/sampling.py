@@ -13,13 +13,16 @@ the batches already trained on:
   draw is made again from them); the indices themselves for any other sampler
   or batch sampler.
 - :class:`KeyBatches` hands the batches from the next one on to the loader's
-  workers, each sample as a key ``(index, seed, epoch, first)`` (``first``:
-  the first sample of its batch), and :class:`SeededDataset` seeds NumPy's and
-  Python's generators before each sample is loaded, from the run's seed, the
-  epoch and the sample's index (:func:`sample_seed`), and in a worker process
-  MXNet's CPU generator before each batch's first sample: a random
-  augmentation is the same in every run with that seed, in a resumed epoch,
-  and whatever the worker that loads it.
+  workers, each sample as a key ``(index, seed, epoch, batch)`` (``batch``:
+  the batch's number in the epoch for its first sample, -1 for the others),
+  and :class:`SeededDataset` seeds NumPy's and Python's generators (and in a
+  worker process MXNet's CPU generator) before each batch's first sample, from
+  the run's seed, the epoch and the batch's number (:func:`batch_seed`); a
+  batch is loaded by one worker, its samples in order: a random augmentation
+  is the same in every run with that seed, in a resumed epoch (which starts at
+  a batch), and whatever the worker that loads it. On threads of this process
+  (``thread_pool=True``), where a batch's samples load in no fixed order, each
+  sample is seeded (:func:`sample_seed`).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ __all__ = [
     "EpochOrder",
     "KeyBatches",
     "SeededDataset",
+    "batch_seed",
     "draws_nothing",
     "sample_seed",
 ]
@@ -79,6 +83,18 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
+def batch_seed(seed: int, epoch: int, batch: int) -> int:
+    """Return the 31-bit seed of the ``batch``-th batch of epoch ``epoch`` in a run seeded ``seed``.
+
+    Examples
+    --------
+    >>> batch_seed(0, 0, 1) == batch_seed(0, 0, 1) != batch_seed(0, 1, 1) != sample_seed(0, 0, 1)
+    True
+    """
+    digest = hashlib.blake2b(f"{seed}:{epoch}:batch {batch}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little") & 0x7FFFFFFF
+
+
 def draws_nothing(dataset: Any) -> bool:
     """Return whether loading a sample of ``dataset`` is known to draw no random number.
 
@@ -104,23 +120,28 @@ def draws_nothing(dataset: Any) -> bool:
 
 
 class SeededDataset:
-    """A dataset whose item ``(index, seed, epoch, first)`` is ``dataset[index]``, loaded seeded.
+    """A dataset whose item ``(index, seed, epoch, batch)`` is ``dataset[index]``, loaded seeded.
 
-    Before the sample is loaded, NumPy's and Python's global generators are
-    seeded with :func:`sample_seed`. In a worker process (``num_workers > 0``)
-    MXNet's CPU generator is seeded too, before the first sample of each batch
-    (``first``; ``mx.random.seed(value, ctx=mx.cpu())`` with that sample's
-    value): a batch is loaded by one worker, in order, so each sample's draws
-    from MXNet's generator are the same in every run and resumed epoch (which
-    start at a batch), whichever worker loads it. Not per sample: seeding MXNet's
+    Before a batch's first sample (``batch``: its number in the epoch; -1 for
+    the other samples), NumPy's and Python's global generators are seeded with
+    :func:`batch_seed`, and in a worker process (``num_workers > 0``) MXNet's
+    CPU generator too (``mx.random.seed(value, ctx=mx.cpu())``). A batch is
+    loaded by one worker (or by the reading thread), its samples in order, so
+    each sample's draws are the same in every run and resumed epoch (which
+    start at a batch), whichever worker loads it. Once a batch, not per
+    sample: seeding costs time the augmentation itself does not take. MXNet's
     CPU generator re-seeds its 1,024 parallel generators, about 1.3 ms of CPU
-    each time, which made a worker 75 times slower on batches of 32 small
-    samples (0.5 ms a batch unseeded, 40 ms seeded per sample). The generators
-    are left as they are in a worker: they are the worker's own. A dataset that
-    :func:`draws_nothing` is read as it is, nothing seeded (:attr:`seeded` False). In this
-    process the generators are the training's: their states are given back
-    after the sample (``thread_pool=True``: each sample loaded under
-    :data:`RANDOM_STATE_LOCK`, one at a time) or after the batch
+    each time (per sample it made a worker 75 times slower on batches of 32
+    small samples: 0.5 ms a batch unseeded, 40 ms seeded); NumPy's and
+    Python's took about 17 us a sample together (3 times a NumPy jitter of 64
+    values, 5 us), 0.5 us a sample once a batch of 32. On threads of this
+    process (``thread_pool=True``), whose samples load in no fixed order, each
+    sample is seeded with :func:`sample_seed` (its index). The generators are
+    left as they are in a worker: they are the worker's own. A dataset that
+    :func:`draws_nothing` is read as it is, nothing seeded (:attr:`seeded`
+    False). In this process the generators are the training's: their states
+    are given back after the sample (``thread_pool=True``: each sample loaded
+    under :data:`RANDOM_STATE_LOCK`, one at a time) or after the batch
     (``num_workers=0``: by :class:`~mxoid.data.loader.DataLoaderIter`, which
     reads the batch under the lock), so that the training's own draws go on as
     without the loader. MXNet's generator is not touched there, as its state
@@ -150,21 +171,19 @@ class SeededDataset:
     def __len__(self) -> int:
         return len(self.dataset)
 
-    def __getitem__(self, key: Tuple[int, int, int, bool]) -> Any:
-        index, seed, epoch, first = key
+    def __getitem__(self, key: Tuple[int, int, int, int]) -> Any:
+        index, seed, epoch, batch = key
         if not self.seeded:
             return self.dataset[index]
+        if not self.threads:  # a batch's samples loaded in order: seeded before its first
+            if batch >= 0:
+                value = batch_seed(seed, epoch, batch)
+                np.random.seed(value)
+                random.seed(value)
+                if os.getpid() != self._pid:  # a worker process
+                    mx.random.seed(value, ctx=mx.cpu())
+            return self.dataset[index]
         value = sample_seed(seed, epoch, index)
-        if os.getpid() != self._pid:  # a worker process
-            np.random.seed(value)
-            random.seed(value)
-            if first:
-                mx.random.seed(value, ctx=mx.cpu())
-            return self.dataset[index]
-        if not self.threads:  # the reading thread, which gives the states back after the batch
-            np.random.seed(value)
-            random.seed(value)
-            return self.dataset[index]
         with RANDOM_STATE_LOCK:
             numpy_state, python_state = np.random.get_state(), random.getstate()
             np.random.seed(value)
@@ -179,9 +198,10 @@ class SeededDataset:
 class KeyBatches:
     """A batch sampler of dataset keys: an epoch's batches from ``start`` on.
 
-    A key is ``(index, seed, epoch, first)``, what :class:`SeededDataset`
-    loads (``first``: the batch's first sample). The batches to come are fixed
-    when the loader calls ``iter()``.
+    A key is ``(index, seed, epoch, batch)``, what :class:`SeededDataset`
+    loads (``batch``: the batch's number in the epoch, from 0, for its first
+    sample; -1 for the others). The batches to come are fixed when the loader
+    calls ``iter()``.
     """
 
     def __init__(self) -> None:
@@ -191,8 +211,8 @@ class KeyBatches:
     def __iter__(self) -> Any:
         batches, seed, epoch = self.batches[self.start :], self.seed, self.epoch
         return (
-            [(index, seed, epoch, position == 0) for position, index in enumerate(batch)]
-            for batch in batches
+            [(batch[0], seed, epoch, number)] + [(index, seed, epoch, -1) for index in batch[1:]]
+            for number, batch in enumerate(batches, self.start)
         )
 
     def __len__(self) -> int:

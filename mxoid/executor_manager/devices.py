@@ -118,10 +118,13 @@ def split_batch(batch_size: int, work_load_list: Sequence[float]) -> List[slice]
 
 
 def forward_work_load(batch_size: int, work_load_list: Sequence[float]) -> List[float]:
-    """Return the shares of the devices a forward-only manager runs ``batch_size`` rows on.
+    """Return the shares of the devices an executor set of ``batch_size`` rows runs on.
 
-    A batch with fewer rows than devices (an evaluation or inference iterator
-    of batch 1 on two devices) runs on the first ``batch_size`` devices, one
-    row each; otherwise on all of them.
+    A batch with fewer rows than devices runs on the first ``batch_size``
+    devices, one row each; otherwise on all of them. So do the sets for
+    forward passes (an evaluation or inference iterator of batch 1 on two
+    devices) and the training sets bound beside the training one (a Gluon
+    ``DataLoader``'s short last batch of 1 row on two devices: the devices
+    without a row add nothing to that step's gradient).
     """
     return list(work_load_list[: max(1, batch_size)])

@@ -67,9 +67,12 @@ class ExecutorSet:
     auxiliary arrays by name, the same arrays and not copies, and allocates
     its own memory from that set's pool (``shared_exec``); it must not need
     parameters of other shapes. Such a set is for training (a bucket's set)
-    or for forward passes only. A set for forward passes only given fewer
-    rows than devices binds the first ``batch_size`` devices, one row each
-    (:func:`~mxoid.executor_manager.devices.forward_work_load`).
+    or for forward passes only. A set so bound given fewer rows than devices
+    binds the first ``batch_size`` devices, one row each
+    (:func:`~mxoid.executor_manager.devices.forward_work_load`); a training
+    one zeroes the gradients of the devices it leaves out at each backward
+    pass (with ``grad_req='write'``; with ``'add'`` they keep what they have
+    summed), so that the step sums the gradients of its rows alone.
 
     Parameters
     ----------
@@ -154,13 +157,14 @@ class ExecutorSet:
         self.metric_outputs = metric_output_names(symbol)
         self.batch_size = self._check_batch_size()
         contexts, work_load_list = list(contexts), list(work_load_list)
-        if not self.for_training:
+        if not self.for_training or shared is not None:  # the first devices, for fewer rows
             work_load_list = forward_work_load(self.batch_size, work_load_list)
             contexts = contexts[: len(work_load_list)]
         self.contexts, self.work_load_list = contexts, list(work_load_list)
         self.slices = split_batch(self.batch_size, self.work_load_list)
         self.executors = [self._bind(i, ctx) for i, ctx in enumerate(self.contexts)]
         self._take_arrays()
+        self._idle_grads = self._grads_left_out()
 
     # ------------------------------------------------------------------ binding
     def _check_input_names(self) -> None:
@@ -336,6 +340,19 @@ class ExecutorSet:
         self._data_copies = [[PreparedCopy(t) for t in ts] for ts in self._data_targets]
         self._label_copies = [[PreparedCopy(t) for t in ts] for ts in self._label_targets]
 
+    def _grads_left_out(self) -> List[mx.nd.NDArray]:
+        """Return the shared set's parameter gradients on the devices this training set leaves out.
+
+        A backward pass of this set writes no gradient there: with
+        ``grad_req='write'`` they still hold the last step's, which the step
+        would sum in, so :meth:`backward` zeroes them.
+        """
+        shared = self.shared
+        if shared is None or not self.for_training or self.grad_req != "write":
+            return []
+        devices = range(len(self.executors), len(shared.executors))
+        return [g[k] for g in shared.grad_arrays for k in devices if g[k] is not None]
+
     def private_output_of(self, owner: Any) -> Optional[List[mx.nd.NDArray]]:
         """Return, per device, the output of the private head ``owner`` asked for, or None."""
         index = self._head_of.get(id(owner))
@@ -431,6 +448,8 @@ class ExecutorSet:
             raise RuntimeError(
                 "this executor set is for forward passes only (bound with for_training=False)"
             )
+        if self._idle_grads:  # the devices without a row add nothing to the step
+            mx.nd.reset_arrays(*self._idle_grads, num_arrays=len(self._idle_grads))
         if self._next_pass is None:
             for executor in self.executors:
                 backward_pass(executor)

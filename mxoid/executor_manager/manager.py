@@ -415,7 +415,8 @@ class DataParallelExecutorManager:
 
     def backward(self) -> None:
         """Run the backward pass of the current set on every device (asynchronously)."""
-        self._aux_agree = self.current._single or not self.aux_names
+        # (the training set's devices: a set of fewer changes its devices' states alone)
+        self._aux_agree = self.training_set._single or not self.aux_names
         self.current.backward()
 
     def zero_grads(self) -> None:

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 import mxnet as mx
 
 from ..checkpoint import CheckpointContents
-from ..executor_manager import DataParallelExecutorManager, split_batch
+from ..executor_manager import DataParallelExecutorManager, forward_work_load, split_batch
+from ..executor_manager.executor_set import as_descs
 from ..executor_manager.initialization import initial_params
 from ..executor_manager.private_heads import RUNNING_SUMS_PREFIX
 from ..extensions.base import Extension, HeadRequest
@@ -19,11 +20,20 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "bind_training",
     "check_inputs",
+    "check_rows",
     "heads_asker",
     "private_heads",
     "rows_per_device",
     "set_initial_params",
 ]
+
+FEWER_ROWS_THAN_DEVICES = (
+    "the training batches have {rows} row(s), fewer than the {devices} devices {contexts}: "
+    "a batch of {rows} rows cannot be split across {devices} devices, and each device trains "
+    "a slice of every batch. Use a batch size of at least {devices} (the iterator's "
+    "batch_size, or DataLoader(batch_size=...)), or train on fewer devices "
+    "(contexts={fewer})"
+)
 
 
 def check_inputs(symbol: Any, train_data: Any, initializer: Any) -> None:
@@ -48,13 +58,17 @@ def rows_per_device(
 ) -> List[int]:
     """Return how many rows of a batch each device gets (as the manager splits it).
 
-    Empty when the inputs are not right: the manager then says what is wrong.
+    A batch of fewer rows than devices (a short last batch) takes the first
+    devices, one row each (:func:`~mxoid.executor_manager.forward_work_load`):
+    the list is as long as the devices the executors run on. Empty when the
+    inputs are not right: the manager then says what is wrong.
     """
     shares = list(work_load_list) if work_load_list is not None else [1] * devices
     try:
         batch_size = int(list(data_descs)[0][1][0])
         if not devices or len(shares) != devices:
             return []
+        shares = forward_work_load(batch_size, shares)
         return [s.stop - s.start for s in split_batch(batch_size, shares)]
     except (ValueError, TypeError, IndexError):
         return []
@@ -80,7 +94,7 @@ def head_request(
         list(data_descs),
         list(label_descs or []),
         rows,
-        list(contexts),
+        list(contexts)[: len(rows)],
         RUNNING_SUMS_PREFIX,
         key,
     )
@@ -141,6 +155,7 @@ def bind_training(
     (:meth:`~mxoid.executor_manager.ExecutorSet.private_output_of`).
     """
     data = loop.train_data
+    check_rows(data, loop.contexts)
     heads, owners = ask_heads(
         loop.symbol, data.provide_data, data.provide_label, loop.network.default_key
     )
@@ -155,6 +170,24 @@ def bind_training(
         private_heads=heads,
         head_owners=owners,
     )
+
+
+def check_rows(train_data: Any, contexts: Sequence[mx.Context]) -> None:
+    """Refuse training batches of fewer rows than devices, naming the batch size and the fix.
+
+    Each device trains a slice of every batch (a short last batch of fewer
+    rows is trained on the devices that get one: :func:`rows_per_device`).
+    """
+    rows = int(as_descs(train_data.provide_data)[0].shape[0])
+    if rows < len(contexts):
+        raise ValueError(
+            FEWER_ROWS_THAN_DEVICES.format(
+                rows=rows,
+                devices=len(contexts),
+                contexts=list(contexts),
+                fewer=list(contexts)[: max(1, rows)],
+            )
+        )
 
 
 def set_initial_params(

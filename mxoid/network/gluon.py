@@ -16,8 +16,12 @@ over the batch; the optimizer's ``rescale_grad`` of ``1 / batch_size`` makes it
 (``last_batch='keep'``) is trained at its real size, as a Gluon loop trains it
 with ``trainer.step(real_rows)``: on executors of that many rows, bound once
 and sharing the training set's arrays (as a bucket's are), and a step whose
-``rescale_grad`` is ``1 / real_rows``; no padding row enters the gradient or
-BatchNorm's statistics. An ``mx.io.DataIter``'s padded last batch (an
+``rescale_grad`` is ``1 / real_rows`` (where the servers of a distributed
+kvstore run the optimizer, the gradients scaled before the push instead:
+:meth:`mxoid.update.Update.average_over`); no padding row enters the gradient
+or BatchNorm's statistics. A short batch of fewer rows than devices trains on
+the devices that get a row, the others' gradients zeroed for that step
+(:class:`~mxoid.executor_manager.ExecutorSet`). An ``mx.io.DataIter``'s padded last batch (an
 ``NDArrayIter``'s) is trained padded, as ``Module.fit`` trains it.
 
 Metrics given without an output name bind to the block's output (a ``MakeLoss``
@@ -230,6 +234,11 @@ class GluonNetwork(Network):
                 self.block(*inputs)
 
     def _trace(self, mode: Any) -> Tuple[mx.sym.Symbol, List[str]]:
+        for param in self.block.collect_params().values():
+            # Gluon caches a Parameter's symbol at its first trace (a deferred shape's
+            # inference, a hybridized call), its lr_mult / wd_mult as they were then:
+            # traced afresh, the graph carries the values Gluon's Trainer reads now.
+            param._var = None
         data = [mx.sym.var(name) for name in self.data_names]
         labels = [mx.sym.var(name) for name in self.label_names]
         with mode():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Union
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Union
 
 import mxnet as mx
 
@@ -46,6 +46,11 @@ class Update:
     rows : int
         Rows of a batch whose step the optimizer's ``rescale_grad`` averages
         (the training set's batch size; :meth:`average_over` changes it).
+    server_gradients : list of NDArray
+        With a distributed kvstore that updates (the servers run the optimizer,
+        with the ``rescale_grad`` they were given): every gradient array, which
+        the step scales before the push for a batch of other rows
+        (:meth:`average_over`). Empty otherwise.
     """
 
     def __init__(
@@ -56,12 +61,23 @@ class Update:
         updater: Optional[mx.optimizer.Updater],
         reduce: Optional[Callable[[], None]],
         apply: Callable[[], None],
+        server_gradients: Sequence[mx.nd.NDArray] = (),
     ) -> None:
         self.kvstore = kvstore
         self.update_on_kvstore = update_on_kvstore
         self.optimizer = optimizer
         self.updater = updater
         self.settings = optimizer_settings(optimizer)
+        self.server_gradients = list(server_gradients)
+        self._gradient_scale = 1.0  # of server_gradients before the push (average_over)
+        if self.server_gradients:
+            push = apply
+
+            def apply() -> None:
+                if self._gradient_scale != 1.0:
+                    self._scale_gradients()
+                push()
+
         self.reduce, self.apply = reduce, apply
         self.rows = self._batch_rows = 0  # set by prepare_update
         self._accumulate, self._workers, self._default_rescale = 1, 1, None
@@ -96,20 +112,35 @@ class Update:
         a ``rescale_grad`` of one's own is scaled by ``batch_size / rows``).
         With ``accumulate_batches=k`` the group is counted as ``k - 1`` whole
         batches and this one. None gives back the batch size's rescaling.
+
+        Where the servers of a distributed kvstore run the optimizer, its
+        ``rescale_grad`` is theirs, fixed when the loop started: the gradients
+        are scaled on the workers before the push instead (by
+        ``new rescale_grad / rescale_grad``, :attr:`server_gradients`), so that
+        the servers' step is the same.
         """
         rows = self._batch_rows if rows is None else rows
         if rows == self.rows:
             return
         base = self._batch_rows
-        optimizer = self.optimizer
         if rows == base:
-            optimizer.rescale_grad = self._rescale
+            rescale = self._rescale
         elif self._rescale == self._default_rescale:
-            optimizer.rescale_grad = 1.0 / (((self._accumulate - 1) * base + rows) * self._workers)
+            rescale = 1.0 / (((self._accumulate - 1) * base + rows) * self._workers)
         else:
             whole = self._accumulate * base
-            optimizer.rescale_grad = self._rescale * whole / (whole - base + rows)
+            rescale = self._rescale * whole / (whole - base + rows)
+        if self.server_gradients:
+            self._gradient_scale = rescale / self._rescale
+        else:
+            self.optimizer.rescale_grad = rescale
         self.rows = rows
+
+    def _scale_gradients(self) -> None:
+        """Multiply every gradient by the step's scale, in place (queued on the engine)."""
+        scale = self._gradient_scale
+        for gradient in self.server_gradients:
+            gradient *= scale
 
     def _states_updater(self) -> Optional[mx.optimizer.Updater]:
         """Return the updater holding the optimizer states here; None when the servers hold them."""
@@ -198,7 +229,17 @@ def prepare_update(
         reduce, apply = local_update_parts(
             manager.param_arrays, manager.grad_arrays, updater, len(manager.contexts), kvstore, keys
         )
-    update = Update(kvstore, update_on_kvstore, optimizer, updater, reduce, apply)
+    on_servers = update_on_kvstore and is_distributed(kvstore)
+    gradients = [g for grads in manager.grad_arrays for g in grads if g is not None]
+    update = Update(
+        kvstore,
+        update_on_kvstore,
+        optimizer,
+        updater,
+        reduce,
+        apply,
+        server_gradients=gradients if on_servers else (),
+    )
     update.rows = update._batch_rows = manager.batch_size
     update._rescale, update._accumulate = optimizer.rescale_grad, accumulate_batches
     update._default_rescale = 1.0 / (accumulate_batches * manager.batch_size)

@@ -237,13 +237,37 @@ def test_the_loaders_other_settings_are_kept(settings):
     bare = bare_epochs(lambda: loader(X, y, shuffle=True, **settings), 2)
     np.random.seed(2)
     it = DataLoaderIter(loader(X, y, shuffle=True, **settings))
-    context = {"pin_memory": mx.cpu_pinned(0), "num_workers": mx.Context("cpu_shared", 0)}
+    # a thread pool's batches: this process's (batchify_without_waiting), on the CPU
+    context = {"pin_memory": mx.cpu_pinned(0), "num_workers": mx.cpu(0)}
     first = next(DataLoaderIter(loader(X, y, **settings))).data[0]
     assert first.context == context.get(next(iter(settings)), mx.cpu(0))
     for bare_epoch, epoch in zip(bare, epochs_of(it, 2)):
         for (data, label), (padded, padded_label, _) in zip(bare_epoch, epoch):
             np.testing.assert_array_equal(padded[: len(data)], data)
             np.testing.assert_array_equal(padded_label[: len(label)], label)
+
+
+@pytest.mark.parametrize("dim", [3, 16384])
+def test_worker_processes_send_small_batches_by_value_and_large_ones_in_shared_memory(dim):
+    """A shared-memory array costs its receiver a connection to the worker (about 1 ms):
+    batch arrays of up to 1 MiB come from the workers by value, larger ones as Gluon sends
+    them; the same values as the bare loader's either way."""
+    from mxoid.data.loader import BY_VALUE_BYTES
+
+    X, y = numbered(n=90, dim=dim)
+    bare = bare_epochs(lambda: loader(X, y, num_workers=2), 1)[0]
+    batches = list(DataLoaderIter(loader(X, y, num_workers=2)))
+    large = X[:20].nbytes > BY_VALUE_BYTES
+    assert large == (dim == 16384)
+    for batch, (data, label) in zip(batches, bare):
+        if not batch.pad:  # (a padded batch is a new array)
+            shared = mx.Context("cpu_shared", 0)
+            assert batch.data[0].context == (shared if large else mx.cpu(0))
+            assert batch.label[0].context == mx.cpu(0)  # 20 labels: by value
+        rows = len(data)
+        np.testing.assert_array_equal(batch.data[0].asnumpy()[:rows], data)
+        np.testing.assert_array_equal(batch.label[0].asnumpy()[:rows], label)
+        assert batch.data[0].dtype == data.dtype and batch.label[0].dtype == label.dtype
 
 
 def test_state_dict_is_plain_json():
@@ -298,23 +322,38 @@ def test_workers_draw_mxnet_random_numbers_from_the_samples_seeds():
     # whenever both load batches: which worker loads which batch is up to the pool.)
 
 
-def test_mxnets_generator_is_seeded_once_a_batch_in_the_workers(monkeypatch):
-    """Seeding it re-seeds its 1,024 parallel generators (about 1.3 ms): once a batch, before
-    its first sample, not per sample; NumPy's and Python's generators per sample."""
+def test_the_generators_are_seeded_once_a_batch_in_and_out_of_workers(monkeypatch):
+    """Seeding costs more than a jitter draws (MXNet's re-seeds its 1,024 parallel generators,
+    about 1.3 ms; NumPy's and Python's about 17 us a sample): once a batch, before its first
+    sample, from the run's seed, the epoch and the batch's number (its samples load in order,
+    in one worker); MXNet's in workers only. On threads of this process, per sample."""
     from mxoid.data import sampling
 
     X, y = numbered(n=12)
-    dataset = sampling.SeededDataset(ArrayDataset(X, y).transform_first(jitter), threads=False)
-    dataset._pid = -1  # as in a worker process
+    transformed = ArrayDataset(X, y).transform_first(jitter)
+    keys = sampling.KeyBatches()
+    keys.batches, keys.seed, keys.epoch, keys.start = [[9, 4], [3, 1, 2], [0, 5]], 7, 1, 1
     seeds = []
     monkeypatch.setattr(mx.random, "seed", lambda value, ctx=None: seeds.append(value))
-    keys = sampling.KeyBatches()
-    keys.batches, keys.seed, keys.epoch = [[3, 1, 2], [0, 5]], 7, 1
-    loaded = [[dataset[key] for key in batch] for batch in keys]
-    assert seeds == [sampling.sample_seed(7, 1, 3), sampling.sample_seed(7, 1, 0)]
+    for worker in (True, False):
+        seeds.clear()
+        dataset = sampling.SeededDataset(transformed, threads=False)
+        if worker:
+            dataset._pid = -1  # as in a worker process
+        loaded = [[dataset[key] for key in batch] for batch in keys]
+        assert seeds == (
+            [sampling.batch_seed(7, 1, 1), sampling.batch_seed(7, 1, 2)] if worker else []
+        )
+        np.random.seed(sampling.batch_seed(7, 1, 1))
+        random.seed(sampling.batch_seed(7, 1, 1))
+        expected = [jitter(X[3]), jitter(X[1]), jitter(X[2])]  # drawn in order, seeded once
+        for (sample, _), value in zip(loaded[0], expected):
+            np.testing.assert_array_equal(sample, value)
+    threaded = sampling.SeededDataset(transformed, threads=True)
+    sample, _ = threaded[(2, 7, 1, -1)]
     np.random.seed(sampling.sample_seed(7, 1, 2))
     random.seed(sampling.sample_seed(7, 1, 2))
-    np.testing.assert_array_equal(loaded[0][2][0], jitter(X[2]))  # each sample its own seed
+    np.testing.assert_array_equal(sample, jitter(X[2]))  # on threads: each sample its own
 
 
 def test_a_dataset_that_draws_nothing_is_read_unseeded_in_and_out_of_workers():
@@ -637,7 +676,7 @@ def test_batches_read_in_this_process_equal_gluons_without_waiting_for_the_engin
     the NumPy array itself, shared: the same values, shapes and types."""
     from mxnet.gluon.data.dataloader import default_batchify_fn
 
-    from mxoid.data.loader import batchify_without_waiting
+    from mxoid.data.loader import WorkerBatchify, batchify_without_waiting
 
     rng = np.random.RandomState(0)
     samples = [
@@ -655,6 +694,26 @@ def test_batches_read_in_this_process_equal_gluons_without_waiting_for_the_engin
             np.testing.assert_array_equal(mine.asnumpy(), theirs.asnumpy())
     X, y = numbered(n=6)
     it = DataLoaderIter(loader(X, y, batch_size=4, transform=jitter))
-    assert it._loader._batchify_fn is batchify_without_waiting
+    assert isinstance(it._loader._batchify_fn, WorkerBatchify)  # here: batchify_without_waiting
     custom = DataLoaderIter(loader(X, y, batch_size=4, batchify_fn=default_batchify_fn))
-    assert custom._loader._batchify_fn is batchify_without_waiting  # Gluon's default, given
+    assert isinstance(custom._loader._batchify_fn, WorkerBatchify)  # Gluon's default, given
+    for data in samples:
+        here, theirs = custom._loader._batchify_fn(data), batchify_without_waiting(data)
+        here, theirs = (x if isinstance(x, list) else [x] for x in (here, theirs))
+        for mine, expected in zip(here, theirs):
+            assert mine.context == expected.context and mine.dtype == expected.dtype
+            np.testing.assert_array_equal(mine.asnumpy(), expected.asnumpy())
+    # in a worker: NumPy by value where Gluon's shared NDArray would hold the same values
+    from mxnet.gluon.data.dataloader import default_mp_batchify_fn
+
+    from mxoid.data.loader import _worker_batch
+
+    for data in samples:
+        sent, gluons = _worker_batch(data, by_value=True), default_mp_batchify_fn(data)
+        sent, gluons = (x if isinstance(x, list) else [x] for x in (sent, gluons))
+        for mine, theirs in zip(sent, gluons):
+            if isinstance(mine, np.ndarray):
+                assert mine.dtype == theirs.dtype and mine.shape == theirs.shape
+                np.testing.assert_array_equal(mine, theirs.asnumpy())
+            else:  # NDArray and bool samples: Gluon's own
+                assert mine.context == theirs.context == mx.Context("cpu_shared", 0)

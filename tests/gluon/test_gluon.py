@@ -197,6 +197,30 @@ def test_parameter_settings_of_gluon_are_honoured():
     assert (fresh[0].weight.data().asnumpy() == 0.25).all()
 
 
+def test_multipliers_set_after_a_first_forward_pass_are_honoured():
+    """GluonCV's "no weight decay on beta, gamma and bias" (``wd_mult = 0.0`` on
+    ``collect_params('.*beta|.*gamma|.*bias')``), set after a first forward pass of a block
+    of deferred shapes (which caches each Parameter's symbol with the multipliers of that
+    moment), and an ``lr_mult`` set then: honoured as Gluon's Trainer honours them (mxoid
+    read the cached ``wd_mult`` 1.0 and decayed them)."""
+    X, y = classification_data(64)
+
+    def build():
+        net = dense_net()
+        net(mx.nd.zeros((1, X.shape[1])))  # deferred shapes: Gluon traces the block once
+        for param in net.collect_params(".*beta|.*gamma|.*bias").values():
+            param.wd_mult = 0.0
+        net[2].weight.lr_mult = 0.5
+        return net
+
+    reference = gluon_loop(build(), X, y, [mx.cpu()], 2)
+    net = build()
+    loop = mxoid_loop(net, X, y, [mx.cpu()], epochs=2)
+    assert loop.update.optimizer.wd_mult["dense_batchnorm0_beta"] == 0.0
+    for name, (values,) in reference.items():  # one device: bit for bit
+        np.testing.assert_array_equal(net.collect_params()[name].data().asnumpy(), values)
+
+
 class Imperative(gluon.Block):
     def forward(self, x):
         return x

@@ -1,13 +1,15 @@
 """The gluon workload's contenders: ``f(spec, iterator, init, clock)`` each (:mod:`harness.worker`).
 
-Every contender trains the same Gluon ``HybridSequential`` (:func:`block`:
-:func:`gluon_net`, the symbol workload's network, its values set from
-:func:`harness.workload.initial_params`, biases without weight decay as symbols have
+Every contender trains the same Gluon block (:func:`block`: the cell's network of
+:mod:`suites.workloads.gluon_models`, its values set from
+:func:`gluon_models.initial_values`, biases without weight decay as symbols have
 them) with ``SoftmaxCrossEntropyLoss``, the cell's optimizer (momentum SGD, the loop
-suite's rate) and ``trainer.step(batch_size)``'s scale, on the same data in the same
+suite's rate) and ``trainer.step(rows)``'s scale, on the same data in the same
 order; on two contexts each device takes half of each batch. The reference is the
 hand-written Gluon loop (:data:`REFERENCE`); the symbol workload's Gluon contender is
-the same loop with an accuracy metric.
+the same loop with an accuracy metric. In the ``jitter`` cell the ``DataLoader``
+contenders read the digits through a per-sample NumPy jitter (:func:`gluon_models.jitter`),
+mxoid's loaders seeded alike (``DataLoaderIter(seed=0)``).
 
 With ``GLUON_SUITE_VALIDATE=1`` in the environment (the suite's ``--check``), the
 estimator and ``mxoid_gluon`` also evaluate a validation set after every epoch (the
@@ -20,10 +22,11 @@ import multiprocessing
 import os
 
 import mxnet as mx
+import numpy as np
 from harness.workload import clock_extension, contexts, everyday
 from mxnet import autograd, gluon
 
-from suites.workloads import symbol_contenders
+from suites.workloads import gluon_models
 from suites.workloads.symbol_contenders import optimizer_of
 
 __all__ = ["CONTENDERS", "REFERENCE", "prepare"]
@@ -42,12 +45,13 @@ LOADERS: dict = {}  # contender -> its DataLoader or DataLoaderIter, built by pr
 
 
 def prepare(spec: dict):
-    """The cell's data, labels and initial parameters (:func:`symbol_contenders.prepare`),
+    """The cell's data, labels and initial parameters (:mod:`suites.workloads.gluon_models`),
     and the DataLoaders of the contenders reading one (:data:`LOADERS`): built here, in the
     worker's main thread, since a DataLoader with workers sets a signal handler when built
     (it refuses any other thread), and forks its workers before the contenders' threads
     start."""
-    X, y, init = symbol_contenders.prepare(spec)
+    X, y = gluon_models.data(spec["model"], spec["samples"])
+    init = gluon_models.initial_values(spec["model"])
     # A worker forked by the harness's fork server inherits its start method: its
     # DataLoaders' workers would start as fresh processes from the server (seconds
     # each, every object pickled). A script of a Gluon user forks them (Linux's default).
@@ -61,35 +65,17 @@ def prepare(spec: dict):
                 from mxoid.data import DataLoaderIter
 
                 loader = data_loader(spec, X, y, workers)
-                LOADERS[name] = DataLoaderIter(loader, data_names=("data",), label_names=("label",))
+                names = dict(data_names=("data",), label_names=("label",))
+                LOADERS[name] = DataLoaderIter(loader, seed=0, **names)
     return X, y, init
-
-
-def gluon_net(model: str):
-    """The symbol workload's network as a Gluon HybridSequential, its parameters named as
-    the symbol's."""
-    nn = mx.gluon.nn
-    net = nn.HybridSequential(prefix="")
-    with net.name_scope():
-        if model == "mlp":
-            net.add(nn.Dense(128, activation="relu", in_units=784, prefix="fc1_"))
-            net.add(nn.Dense(64, activation="relu", in_units=128, prefix="fc2_"))
-            net.add(nn.Dense(10, in_units=64, prefix="fc3_"))
-        else:
-            net.add(nn.Conv2D(20, 5, activation="tanh", in_channels=1, prefix="conv1_"))
-            net.add(nn.MaxPool2D(2, 2))
-            net.add(nn.Conv2D(50, 5, activation="tanh", in_channels=20, prefix="conv2_"))
-            net.add(nn.MaxPool2D(2, 2))
-            net.add(nn.Dense(500, activation="tanh", in_units=800, prefix="fc1_"))
-            net.add(nn.Dense(10, in_units=500, prefix="fc2_"))
-    return net
 
 
 def block(spec: dict, init: dict, ctxs=None, hybridize: bool = True) -> gluon.HybridBlock:
     """The cell's network as a Gluon HybridSequential, on ``ctxs`` (the default context
     if None), its values ``init``; hybridized (``static_alloc``, ``static_shape``)."""
-    net = gluon_net(spec["model"])
+    net = gluon_models.gluon_net(spec["model"])
     net.initialize(ctx=ctxs)
+    gluon_models.finish_initialization(net, spec["model"], (ctxs or [None])[0])
     for name, param in net.collect_params().items():
         param.set_data(mx.nd.array(init[name]))
         if not name.endswith(("_weight", "_gamma")):
@@ -118,8 +104,11 @@ def arrays(train_iter) -> tuple:
 
 def data_loader(spec: dict, X, y, num_workers: int = 0) -> gluon.data.DataLoader:
     """A DataLoader over the cell's data as Gluon users build one: an ``ArrayDataset`` of
-    NumPy arrays, in order (``shuffle=False``), the cell's batch size."""
+    NumPy arrays (in the ``jitter`` cell transformed by :func:`gluon_models.jitter`), in
+    order (``shuffle=False``), the cell's batch size (a short last batch kept)."""
     dataset = gluon.data.ArrayDataset(X, y)
+    if spec["model"] == "jitter":
+        dataset = dataset.transform_first(gluon_models.jitter)
     options = dict(batch_size=spec["batch_size"], shuffle=False, num_workers=num_workers)
     return gluon.data.DataLoader(dataset, **options)
 
@@ -145,14 +134,22 @@ def write_validation(spec: dict, epochs: list) -> None:
 # ------------------------------------------------------------------- Gluon by hand
 def gluon_loop(spec, train_iter, init, clock, metric: bool = False, loader=None):
     """The hand-written Gluon loop: a hybridized net and loss, ``split_and_load``,
-    ``autograd.record()``, ``backward``, ``trainer.step(batch_size)`` (``gluon.Trainer``
+    ``autograd.record()``, ``backward``, ``trainer.step(x.shape[0])`` (``gluon.Trainer``
     with its default kvstore). ``metric``: ``mx.metric.Accuracy`` updated every batch,
     as Gluon users do (it reads the outputs back: the host waits for every batch).
-    ``loader``: read this ``DataLoader`` instead of the iterator."""
+    ``loader``: read this ``DataLoader`` instead of the iterator. A network with
+    BatchNorm on several contexts: the Trainer's kvstore set up before training (its
+    first step would copy device 0's running statistics over the others'), and the
+    devices' running statistics averaged at the end, as mxoid and ``Module.fit`` average
+    them at each epoch's end (the same: every device moves them as often)."""
     ctxs = contexts(spec["contexts"])
     net, loss_fn = block(spec, init, ctxs), loss_block()
     trainer = gluon.Trainer(net.collect_params(), *optimizer_of(spec))
-    accuracy, batch_size = mx.metric.Accuracy(), spec["batch_size"]
+    running = [p for name, p in net.collect_params().items() if "running_" in name]
+    if running and len(ctxs) > 1:
+        trainer._init_kvstore()
+        trainer._init_params()
+    accuracy = mx.metric.Accuracy()
     split_and_load = gluon.utils.split_and_load
     for _ in range(spec["epochs"]):
         if loader is None:
@@ -166,14 +163,17 @@ def gluon_loop(spec, train_iter, init, clock, metric: bool = False, loader=None)
                 outputs = [net(part) for part in data]
                 losses = [loss_fn(out, target) for out, target in zip(outputs, label)]
             autograd.backward(losses)
-            trainer.step(batch_size)
+            trainer.step(x.shape[0])
             if metric:
                 accuracy.update(label, outputs)
         if metric:
             accuracy.get()
             accuracy.reset()
         clock.tick()
-    return values(net, ctxs[0])
+    found = values(net, ctxs[0])
+    for param in running if len(ctxs) > 1 else ():
+        found[param.name] = np.mean([param.data(c).asnumpy() for c in ctxs], axis=0)
+    return found
 
 
 # ----------------------------------------------------------------------- mxoid
