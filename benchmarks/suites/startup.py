@@ -44,6 +44,7 @@ CONTENDERS = ("module", "mxoid", "mxoid bare")  # bare: FinishAfter alone, no ex
 FIRST_RUN = "mxoid, first run"  # on the MLP, one context: where the fused operator serves
 PHASES = ("import_mxnet", "import_mxoid", "construct", "first_epoch")
 CPU_PHASES = ("construct_cpu", "first_epoch_cpu")  # the process's CPU time, every thread's
+TOTALS = ("from_scratch", "from_scratch_cpu")
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup_worker.py")
 WORKER_TIMEOUT = 600.0
 
@@ -99,11 +100,8 @@ def measure(model: str, contexts: int, settings: dict, root: str, failures: List
     row = {"model": model, "contexts": contexts, "batch_size": BATCH_SIZE, **settings}
     for name, results in runs.items():
         seconds = {p: [r["seconds"][p] for r in results] for p in PHASES + CPU_PHASES}
-        for total, (construct, epoch) in (
-            ("from_scratch", ("construct", "first_epoch")),
-            ("from_scratch_cpu", CPU_PHASES),
-        ):
-            seconds[total] = [c + e for c, e in zip(seconds[construct], seconds[epoch])]
+        for total, parts in zip(TOTALS, (PHASES[2:], CPU_PHASES)):  # construction + epoch
+            seconds[total] = [c + e for c, e in zip(*(seconds[p] for p in parts))]
         row[name] = {p: float(np.median(v)) for p, v in seconds.items()}
         row[name]["runs"] = seconds
         row[name]["announced_build"] = [r["announced_build"] for r in results]
@@ -193,12 +191,8 @@ def table(rows: Sequence[dict]) -> str:
             if name in row:
                 entry = {"model": row["model"], "contexts": row["contexts"], "name": name}
                 entry.update(row[name])
-                entry.update(
-                    {
-                        f"{p}_ms": row[name][p] * 1000
-                        for p in PHASES[1:] + CPU_PHASES + ("from_scratch", "from_scratch_cpu")
-                    }
-                )
+                times = PHASES[1:] + CPU_PHASES + TOTALS
+                entry.update({f"{p}_ms": row[name][p] * 1000 for p in times})
                 entries.append(entry)
     return report.table_of(COLUMNS, entries, "lrlrrrrrrr")
 
