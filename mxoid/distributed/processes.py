@@ -116,7 +116,9 @@ class Job:
             env[LAUNCHER_VARIABLE] = "1"
         if host is None and role != "scheduler":  # ranks in launch order (ascending ports)
             count = self.num_workers if role == "worker" else self.num_servers
-            env["PORT"] = str(self.node_ports.setdefault(role, ascending_free_ports(count))[index])
+            if role not in self.node_ports:  # drawn once a role: each index takes its own
+                self.node_ports[role] = ascending_free_ports(count)
+            env["PORT"] = str(self.node_ports[role][index])
         return env
 
     def start(
