@@ -24,6 +24,7 @@ TOP_LEVEL = {
     "inference",
     "launch",
     "lazy",
+    "loss_scale",
     "precision",
     "schedules",
 }

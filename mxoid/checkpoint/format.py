@@ -57,6 +57,7 @@ import mxnet as mx
 import numpy as np
 
 from ..errors import clean_mxnet_message
+from ..loss_scale import without_loss_scale
 
 __all__ = [
     "FORMAT_VERSION",
@@ -274,6 +275,7 @@ def _write_files(
     extra_files: Dict[str, Callable[[str], Any]],
     about: Dict[str, Any],
 ) -> None:
+    symbol = without_loss_scale(symbol)  # the network as given (mxoid.loss_scale)
     _save_model(os.path.join(folder, PREFIX), epoch, symbol, arg_params, aux_params)
     if isinstance(bucket_key, int) and not isinstance(bucket_key, bool):
         # What BucketingModule.load(prefix, epoch, sym_gen, default_bucket_key) reads too.

@@ -16,10 +16,11 @@ from .devices import check_contexts, forward_work_load, one_random_generator, sp
 from .executor_set import ExecutorSet
 from .manager import DataParallelExecutorManager
 from .outputs import OutputArrays, output_short_name
-from .private_heads import COUNTING_SUFFIX, RUNNING_SUMS_PREFIX
+from .private_heads import COUNTING_SUFFIX, LOSS_SCALE_INPUT, RUNNING_SUMS_PREFIX
 
 __all__ = [
     "COUNTING_SUFFIX",
+    "LOSS_SCALE_INPUT",
     "RUNNING_SUMS_PREFIX",
     "DataParallelExecutorManager",
     "ExecutorSet",

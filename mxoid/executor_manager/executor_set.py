@@ -19,7 +19,7 @@ from .devices import forward_work_load, split_batch
 from .initialization import fixed_gammas
 from .invoke import PreparedCopy, backward_pass, forward_pass
 from .outputs import OutputArrays, metric_output_names, output_short_name
-from .private_heads import RUNNING_SUMS_PREFIX, PrivateHeads
+from .private_heads import LOSS_SCALE_INPUT, RUNNING_SUMS_PREFIX, PrivateHeads
 from .waiting import wait_for
 
 __all__ = ["DataDescLike", "ExecutorSet", "as_descs"]
@@ -148,7 +148,7 @@ class ExecutorSet:
         self.arg_names = symbol.list_arguments()
         self.aux_names = symbol.list_auxiliary_states()
         self._check_input_names()
-        inputs = set(self.data_names) | set(self.label_names)
+        inputs = set(self.data_names) | set(self.label_names) | {LOSS_SCALE_INPUT}
         self.param_names = [n for n in self.arg_names if n not in inputs]
         self.fixed_param_names = list(fixed_param_names)
         self.grad_req = grad_req
@@ -207,6 +207,8 @@ class ExecutorSet:
         work for them), and for everything when not for training.
         """
         if not self.for_training or name in inputs or name in self.fixed_param_names:
+            return "null"
+        if name == LOSS_SCALE_INPUT:
             return "null"
         return self._private.grad_req(name) or self.grad_req
 

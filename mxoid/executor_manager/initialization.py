@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import mxnet as mx
 
+from .private_heads import LOSS_SCALE_INPUT
+
 if TYPE_CHECKING:  # pragma: no cover
     from .manager import DataParallelExecutorManager
 
@@ -110,7 +112,11 @@ def parameter_shapes(
     """
     known = {n: tuple(s) for n, s in input_shapes.items() if n in symbol.list_arguments()}
     arg_shapes, _, aux_shapes = symbol.infer_shape(**known)
-    args = {n: tuple(s) for n, s in zip(symbol.list_arguments(), arg_shapes) if n not in known}
+    args = {
+        n: tuple(s)
+        for n, s in zip(symbol.list_arguments(), arg_shapes)
+        if n not in known and n != LOSS_SCALE_INPUT
+    }
     aux = {n: tuple(s) for n, s in zip(symbol.list_auxiliary_states(), aux_shapes)}
     return args, aux
 

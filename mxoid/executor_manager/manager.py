@@ -10,6 +10,7 @@ import numpy as np
 
 from .executor_set import DataDescLike, ExecutorSet, as_descs
 from .initialization import check_fixed, fixed_gammas
+from .private_heads import LOSS_SCALE_INPUT
 from .seed import TWO_FORMS, is_seed_form, seed_arguments
 from .waiting import wait_for
 
@@ -196,7 +197,9 @@ class DataParallelExecutorManager:
         self.symbol = symbol
         self.shared_manager = shared_manager
         inputs = {d.name for d in as_descs(data_shapes) + as_descs(label_shapes)}
-        param_names = [n for n in symbol.list_arguments() if n not in inputs]
+        param_names = [
+            n for n in symbol.list_arguments() if n not in inputs and n != LOSS_SCALE_INPUT
+        ]
         self.training_set = ExecutorSet(
             symbol,
             contexts,

@@ -24,7 +24,13 @@ from typing import Dict, List, Optional, Sequence
 
 import mxnet as mx
 
-__all__ = ["COUNTING_SUFFIX", "RUNNING_SUMS_PREFIX", "TALLY_SUFFIX", "PrivateHeads"]
+__all__ = [
+    "COUNTING_SUFFIX",
+    "LOSS_SCALE_INPUT",
+    "RUNNING_SUMS_PREFIX",
+    "TALLY_SUFFIX",
+    "PrivateHeads",
+]
 
 RUNNING_SUMS_PREFIX = "_mxoid_running_sums"
 """How a private head names its running sums (see
@@ -34,6 +40,11 @@ COUNTING_SUFFIX = "_counting"
 """How a private head names the switch of sums kept as an auxiliary state: the
 argument ``<sums name>_counting``, float64 of shape ``(1,)``, 1 while the executors
 run forward passes for training, else 0 (the manager sets it)."""
+
+LOSS_SCALE_INPUT = "_mxoid_loss_scale"
+"""The input through which loss scaling (:mod:`mxoid.loss_scale`) puts the scale in a graph:
+float32 of shape ``(1,)``, one array per device shared by every set, no parameter
+(``grad_req='null'``, not in ``param_names``), written by the loop's step."""
 
 TALLY_SUFFIX = "_tally"
 """How a private head names a tally: running sums (an argument named

@@ -22,6 +22,7 @@ import mxnet as mx
 
 from ..checkpoint.format import CheckpointError
 from ..checkpoint.reading import read_manifest
+from ..loss_scale import without_loss_scale
 from .base import Extension
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -165,7 +166,7 @@ class ParameterAverage(Extension):
         values = {f"arg:{n}": v for n, v in arg.items()}
         values.update({f"aux:{n}": v for n, v in aux.items()})
         files: Dict[str, Callable[[str], Any]] = {
-            f"{self.prefix}-symbol.json": lambda path: loop.symbol.save(path),
+            f"{self.prefix}-symbol.json": lambda path: without_loss_scale(loop.symbol).save(path),
             self._file(loop.status.epochs_done): lambda path: mx.nd.save(path, values),
         }
         for name, write in loop.network.checkpoint_files(arg, aux).items():

@@ -27,7 +27,8 @@ class TrainingStatus(Mapping):
         Batches trained since the start of training (over all epochs).
     updates_done : int
         Optimizer steps taken: ``iterations_done`` unless gradients are
-        accumulated over several batches (``MainLoop(accumulate_batches=k)``).
+        accumulated over several batches (``MainLoop(accumulate_batches=k)``)
+        or steps were skipped under loss scaling (``skipped_updates``).
     epochs_done : int
         Epochs completed.
     iterations_done_in_epoch : int
@@ -46,6 +47,13 @@ class TrainingStatus(Mapping):
         The signal (``'SIGINT'``, ``'SIGTERM'``) that stopped training.
     rank, num_workers : int
         This worker's rank and the number of workers (1 unless distributed).
+    loss_scale : float or None
+        With loss scaling (``MainLoop(loss_scale=...)``, :mod:`mxoid.loss_scale`): the
+        scale of the coming batches; None without.
+    skipped_updates : int
+        Optimizer steps skipped because a gradient overflowed under loss scaling: not
+        counted in ``updates_done`` (as AMP's skipped steps do not advance the optimizer's
+        update count, which MXNet's learning rate schedulers follow).
     """
 
     iterations_done: int = 0
@@ -61,6 +69,8 @@ class TrainingStatus(Mapping):
     interrupted: Optional[str] = None
     rank: int = 0
     num_workers: int = 1
+    loss_scale: Optional[float] = None
+    skipped_updates: int = 0
 
     def state_dict(self) -> Dict[str, Any]:
         """Return the status as a plain dict (JSON-serializable)."""

@@ -45,15 +45,19 @@ def step_function(
 ) -> Callable[[], None]:
     """Return what the loop calls after each backward pass: the update, when due.
 
-    Without gradient accumulation and update hooks, the optimizer step and a
-    count, nothing else. With ``accumulate_batches=k`` the step comes after
-    every k-th batch (a group may span an epoch end), then the gradients are
-    zeroed; ``before_update`` / ``after_update`` fire around it.
+    Without gradient accumulation, update hooks and loss scaling, the optimizer
+    step and a count, nothing else. With ``accumulate_batches=k`` the step comes
+    after every k-th batch (a group may span an epoch end), then the gradients
+    are zeroed; ``before_update`` / ``after_update`` fire around it. Under loss
+    scaling (``update.loss_scaler``) the summed gradients are checked first: a
+    step with an inf or a NaN is skipped (no hook fires, ``status.skipped_updates``
+    counts it) and the scale follows its rule (:class:`mxoid.update.LossScaler`).
     """
     before = dispatcher.runner("before_update")
     after = dispatcher.runner("after_update")
+    scaler = update.loss_scaler
     k = accumulate_batches
-    if k == 1 and before is None and after is None:
+    if k == 1 and before is None and after is None and scaler is None:
         step = update.step
 
         def plain() -> None:
@@ -63,18 +67,23 @@ def step_function(
         return plain
 
     def grouped() -> None:
-        if status.iterations_done + 1 - status.updates_done * k < k:
+        if open_group(status, k) + 1 < k:
             return  # the group goes on: the gradients add up
-        if before is not None:
-            if update.reduce is not None:
-                update.reduce()
-            before()
+        if update.reduce is not None:
+            update.reduce()
+        finite = scaler is None or scaler.finite()
+        if finite:
+            if before is not None:
+                before()
             update.apply()
+            status.updates_done += 1
+            if after is not None:
+                after()
         else:
-            update.step()
-        status.updates_done += 1
-        if after is not None:
-            after()
+            status.skipped_updates += 1
+        if scaler is not None:  # the scale of the next batches, once this step is taken
+            scaler.follow(finite)
+            status.loss_scale = scaler.scale
         if k > 1:
             manager.zero_grads()
 
@@ -83,7 +92,8 @@ def step_function(
 
 def open_group(status: TrainingStatus, accumulate_batches: int) -> int:
     """Return how many batches of an unfinished accumulation group are trained."""
-    return status.iterations_done - status.updates_done * accumulate_batches
+    steps = status.updates_done + status.skipped_updates
+    return status.iterations_done - steps * accumulate_batches
 
 
 def warn_open_group(status: TrainingStatus, accumulate_batches: int) -> None:

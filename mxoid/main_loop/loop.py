@@ -39,9 +39,10 @@ from ..extensions.dispatch import HookDispatcher, check_extensions, check_record
 from ..log import TrainingLog, TrainingStatus
 from ..log.files import RESUMED_FROM
 from ..log.records import ERROR, TRAINING_FINISH_REQUESTED
+from ..loss_scale import ScaledGraphs, check_loss_scale
 from ..network import as_network, legacy_view
 from ..precision import check_mixed_precision
-from ..update import KVStoreLike, create_kvstore, prepare_update
+from ..update import KVStoreLike, create_kvstore, loop_scaler, prepare_update
 from .accumulation import check_accumulate_batches, pending_gradients
 from .building import bind_training, check_inputs, heads_asker, set_initial_params
 from .epochs import Training
@@ -163,6 +164,15 @@ class MainLoop:
         ``'float16'`` on GPUs. Every kind of network (a symbol, a ``sym_gen``,
         a Gluon block) and every extension as in float32. See
         :mod:`mxoid.precision`.
+    loss_scale : 'auto', 'dynamic', float, DynamicLossScale or None, default 'auto'
+        Loss scaling (:mod:`mxoid.loss_scale`): the loss's gradient multiplied
+        by a scale in the graph and divided out in ``rescale_grad``, a step
+        whose gradients overflowed skipped on every device. ``'dynamic'``:
+        MXNet AMP's rule (from ``2**16``, halved on an overflow, doubled after
+        2000 clean steps; :class:`mxoid.loss_scale.DynamicLossScale` sets the
+        numbers); a float: a fixed scale; ``'auto'``: ``'dynamic'`` under
+        ``mixed_precision='float16'``, else None (float32 and bfloat16 need
+        none). It costs one host sync per step. Not with a distributed kvstore.
 
     Attributes
     ----------
@@ -264,13 +274,16 @@ class MainLoop:
         default_bucket_key: Any = None,
         loss: Any = None,
         mixed_precision: Optional[str] = None,
+        loss_scale: Any = "auto",
     ) -> None:
         kv = kvstore if isinstance(kvstore, mx.kv.KVStore) else None
         try:
             precision = check_mixed_precision(mixed_precision, check_contexts(contexts))
             self.mixed_precision = None if precision is None else precision.dtype
+            scaling = check_loss_scale(loss_scale, self.mixed_precision)
+            graphs = precision if scaling is None else ScaledGraphs(precision)
             self.network = as_network(
-                symbol, train_data, loss, initializer, default_bucket_key, precision
+                symbol, train_data, loss, initializer, default_bucket_key, graphs
             )
             symbol, train_data = self.network.symbol, self.network.train_data
             arg_params, aux_params, fixed_param_names = self.network.loop_settings(
@@ -302,6 +315,8 @@ class MainLoop:
                 initial,
                 accumulate_batches=accumulate_batches,
             )
+            if scaling is not None:
+                self.update.loss_scaler = loop_scaler(scaling, self.manager, self.update, kv)
             self.kvstore, self.updater = self.update.kvstore, self.update.updater
             self.update_on_kvstore = self.update.update_on_kvstore
             if distributed:
@@ -363,6 +378,8 @@ class MainLoop:
         self.status: TrainingStatus = self.log.status
         if kv is not None:
             self.status.rank, self.status.num_workers = kv.rank, kv.num_workers
+        if self.update.loss_scaler is not None:
+            self.status.loss_scale = self.update.loss_scaler.scale
         every = self.default_stop_agreement_batches
         self.stops = StopRequests(self.log, kv if distributed else None, every)
         self.dispatcher = HookDispatcher(self.extensions, rank=self.status.rank)

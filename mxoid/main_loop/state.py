@@ -59,6 +59,7 @@ def loop_state(loop: MainLoop) -> Dict[str, Any]:
     log_state["rows"] = [
         [i, {k: plain_value(v) for k, v in row.items()}] for i, row in log_state["rows"]
     ]
+    scaler = loop.update.loss_scaler
     return {
         "log": log_state,
         "status": loop.status.state_dict(),
@@ -73,6 +74,7 @@ def loop_state(loop: MainLoop) -> Dict[str, Any]:
         "accumulate_batches": loop.accumulate_batches,
         "fixed_param_names": list(loop.manager.fixed_param_names),
         "inputs": input_state(loop.manager.training_set.data_descs),
+        "loss_scale": None if scaler is None else scaler.state_dict(),
         **loop.network.state(),
     }
 
@@ -118,6 +120,10 @@ def restore_loop_state(loop: MainLoop, checkpoint: CheckpointContents, stackleve
     status.load_state_dict(state["status"])
     if "updates_done" not in state["status"]:  # mxoid 0.1: one update per batch
         status.updates_done = status.iterations_done
+    scaler = update.loss_scaler
+    if scaler is not None and state.get("loss_scale"):
+        scaler.load_state_dict(state["loss_scale"])
+    status.loss_scale = None if scaler is None else scaler.scale
     if checkpoint.gradients:
         restore_gradients(loop.manager, checkpoint.gradients)
     fixed = state.get("fixed_param_names")

@@ -19,7 +19,7 @@ from typing import Any, Callable, Dict, Hashable, List, Optional, Sequence, Tupl
 import mxnet as mx
 
 from ..data.sentences import is_bucket_sentence_iter, sentences_per_epoch
-from ..executor_manager import DataParallelExecutorManager, ExecutorSet
+from ..executor_manager import LOSS_SCALE_INPUT, DataParallelExecutorManager, ExecutorSet
 from .base import AskHeads, Network
 
 __all__ = ["BucketNetwork", "Buckets", "resolve_network"]
@@ -168,7 +168,8 @@ class BucketNetwork(Network):
             ) from None
 
     def _parameters(self, symbol: mx.sym.Symbol) -> List[str]:
-        return [name for name in symbol.list_arguments() if name not in self._inputs]
+        names = symbol.list_arguments()
+        return [n for n in names if n not in self._inputs and n != LOSS_SCALE_INPUT]
 
     def state(self) -> Dict[str, Any]:
         """Return the default bucket's key, which a checkpoint's files are named after."""

@@ -13,6 +13,7 @@ loop in one call and returns an :class:`Update`.
 - :mod:`.optimizer`: creating the optimizer, its settings as plain data;
 - :mod:`.functions`: the update functions;
 - :mod:`.step`: :class:`Update` and :func:`prepare_update`;
+- :mod:`.loss_scaler`: the loss scale of a step (:class:`LossScaler`);
 - :mod:`.fused_updater`: SGD, NAG and Adam as one fused kernel per parameter;
 - :mod:`.seed`: MXNet's own names and call forms (``_create_kvstore``,
   ``_initialize_kvstore``, ``_update_params_on_kvstore``, ``_update_params``), so
@@ -27,12 +28,14 @@ from .functions import (
     update_params_on_kvstore,
 )
 from .kvstore import KVStoreLike, create_kvstore, initialize_kvstore, kvstore_keys
+from .loss_scaler import LossScaler, device_gradients, loop_scaler
 from .optimizer import create_optimizer, optimizer_settings
 from .seed import _create_kvstore, _initialize_kvstore, _update_params, _update_params_on_kvstore
 from .step import Update, prepare_update
 
 __all__ = [
     "KVStoreLike",
+    "LossScaler",
     "Update",
     "_create_kvstore",
     "_initialize_kvstore",
@@ -40,10 +43,12 @@ __all__ = [
     "_update_params_on_kvstore",
     "create_kvstore",
     "create_optimizer",
+    "device_gradients",
     "initialize_kvstore",
     "kvstore_keys",
     "local_update",
     "local_update_parts",
+    "loop_scaler",
     "optimizer_settings",
     "prepare_update",
     "prepared_update_on_kvstore",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Sequence, Union
 
 import mxnet as mx
 
@@ -51,6 +51,10 @@ class Update:
         with the ``rescale_grad`` they were given): every gradient array, which
         the step scales before the push for a batch of other rows
         (:meth:`average_over`). Empty otherwise.
+    loss_scaler : mxoid.update.LossScaler or None
+        With loss scaling (``MainLoop(loss_scale=...)``): the scale, which the
+        step divides out of ``rescale_grad`` (:meth:`set_loss_scale`), and the
+        check that skips a step whose gradients overflowed. Set by the loop.
     """
 
     def __init__(
@@ -81,6 +85,8 @@ class Update:
         self.reduce, self.apply = reduce, apply
         self.rows = self._batch_rows = 0  # set by prepare_update
         self._accumulate, self._workers, self._default_rescale = 1, 1, None
+        self._loss_scale, self._unscaled = 1.0, optimizer.rescale_grad
+        self.loss_scaler: Any = None
         if reduce is None:
             self.step = apply
         else:
@@ -133,8 +139,19 @@ class Update:
         if self.server_gradients:
             self._gradient_scale = rescale / self._rescale
         else:
-            self.optimizer.rescale_grad = rescale
+            self._unscaled = rescale
+            self.optimizer.rescale_grad = rescale / self._loss_scale
         self.rows = rows
+
+    def set_loss_scale(self, scale: float) -> None:
+        """Make the step divide the gradients by the loss scale ``scale`` (1: none).
+
+        Through the optimizer's ``rescale_grad``, which becomes the rescaling
+        of the batch (:meth:`average_over`) divided by ``scale``: for a power of
+        two the update is the unscaled one bit for bit.
+        """
+        self._loss_scale = float(scale)
+        self.optimizer.rescale_grad = self._unscaled / self._loss_scale
 
     def _scale_gradients(self) -> None:
         """Multiply every gradient by the step's scale, in place (queued on the engine)."""
@@ -176,6 +193,8 @@ class Update:
         """
         optimizer.idx2name = self.optimizer.idx2name.copy()
         self.optimizer = optimizer
+        if self.loss_scaler is not None:  # saved divided by the scale of then: this loop's
+            optimizer.rescale_grad = self._unscaled / self._loss_scale
         updater = self._states_updater()
         if hasattr(updater, "_plans"):
             updater._plans.clear()
@@ -242,6 +261,7 @@ def prepare_update(
     )
     update.rows = update._batch_rows = manager.batch_size
     update._rescale, update._accumulate = optimizer.rescale_grad, accumulate_batches
+    update._unscaled = optimizer.rescale_grad
     update._default_rescale = 1.0 / (accumulate_batches * manager.batch_size)
     if is_distributed(kvstore) and not is_asynchronous(kvstore):
         update._workers = kvstore.num_workers

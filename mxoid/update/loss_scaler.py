@@ -1,0 +1,140 @@
+"""The step's loss scale: on the devices, divided out of ``rescale_grad``, AMP's dynamic rule.
+
+The graph side (the scale's input before each loss operator) and the user's
+setting are in :mod:`mxoid.loss_scale`; this is the optimizer step's side.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+
+import mxnet as mx
+
+from ..distributed.servers import is_distributed
+from ..executor_manager import LOSS_SCALE_INPUT
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .step import Update
+
+__all__ = ["LossScaler", "device_gradients", "loop_scaler"]
+
+DISTRIBUTED = (
+    "loss_scale={value!r} with the distributed kvstore {kind!r}: the workers would have to "
+    "agree on skipping a step before the servers update, which mxoid does not do yet. Train "
+    "with loss_scale=None (bfloat16 needs none), or on one machine (kvstore 'local' or "
+    "'device' over its devices)"
+)
+
+
+_CHUNK = 200  # arrays per multi_all_finite call, as AMP's has_overflow
+
+
+class LossScaler:
+    """The loss scale of a loop's step: its arrays, its value, whether a step is skipped.
+
+    Parameters
+    ----------
+    setting : float or mxoid.loss_scale.DynamicLossScale
+        A fixed scale, or the dynamic rule.
+    scale_arrays : sequence of NDArray
+        The graph's scale input on each device (shared by every executor set).
+    gradients : sequence of sequence of NDArray
+        Each device's parameter gradients, which :meth:`finite` checks.
+    update : mxoid.update.Update
+        The step whose ``rescale_grad`` divides the scale out.
+
+    Attributes
+    ----------
+    scale : float
+        The scale of the coming backward passes.
+    clean_steps : int
+        Steps since the last skipped one or the last growth.
+    skipped : int
+        Steps skipped since training started.
+    """
+
+    def __init__(
+        self,
+        setting: Any,
+        scale_arrays: Sequence[mx.nd.NDArray],
+        gradients: Sequence[Sequence[mx.nd.NDArray]],
+        update: Update,
+    ) -> None:
+        self.dynamic = None if isinstance(setting, (int, float)) else setting
+        self.scale = self.dynamic.initial if self.dynamic else float(setting)
+        self.clean_steps, self.skipped = 0, 0
+        self._arrays, self._update = list(scale_arrays), update
+        self._gradients = [list(grads) for grads in gradients]
+        self._flags = [mx.nd.ones((1,), ctx=grads[0].context) for grads in self._gradients]
+        self.write()
+
+    def write(self) -> None:
+        """Give the devices the scale and the step the rescaling that divides it out."""
+        for array in self._arrays:
+            array[:] = self.scale
+        self._update.set_loss_scale(self.scale)
+
+    def finite(self) -> bool:
+        """Return whether every gradient on every device is finite (the step may update).
+
+        One ``multi_all_finite`` per device (and 200 arrays) and one wait for
+        them all: the host must know before the step.
+        """
+        for flag, grads in zip(self._flags, self._gradients):
+            flag[:] = 1
+            for start in range(0, len(grads), _CHUNK):
+                chunk = grads[start : start + _CHUNK]
+                mx.nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=flag)
+        return all(flag.asscalar() == 1 for flag in self._flags)
+
+    def follow(self, finite: bool) -> None:
+        """Count a step after it was taken (``finite``) or skipped; the dynamic rule.
+
+        A skipped step halves a dynamic scale; ``growth_interval`` steps taken
+        in a row double it (up to its maximum). The new scale is for the next
+        backward passes: called after the step, which divides by the old one.
+        """
+        rule = self.dynamic
+        if finite:
+            self.clean_steps += 1
+            if rule is not None and self.clean_steps == rule.growth_interval:
+                self.clean_steps = 0
+                if self.scale < rule.maximum:
+                    self.scale = min(rule.maximum, self.scale * 2)
+                    self.write()
+            return
+        self.skipped += 1
+        self.clean_steps = 0
+        if rule is not None:
+            self.scale /= 2
+            self.write()
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Return the scale, the clean steps and the skipped ones, as plain data."""
+        return {"scale": self.scale, "clean_steps": self.clean_steps, "skipped": self.skipped}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Continue from :meth:`state_dict`'s values (a fixed scale keeps its own value)."""
+        if self.dynamic is not None:
+            self.scale = float(state["scale"])
+        self.clean_steps, self.skipped = int(state["clean_steps"]), int(state["skipped"])
+        self.write()
+
+
+def device_gradients(grad_arrays: Sequence[Sequence[Any]], devices: int) -> List[List[Any]]:
+    """Return each device's gradient arrays from ``[parameter][device]`` lists (no None)."""
+    return [[g[k] for g in grad_arrays if g[k] is not None] for k in range(devices)]
+
+
+def loop_scaler(setting: Any, manager: Any, update: Update, kvstore: Any) -> LossScaler:
+    """Return the :class:`LossScaler` of a loop's step under loss scaling (``setting``).
+
+    Its arrays are the training set's scale inputs (which the manager's other
+    sets share) and the parameters' gradients on each device. Raises
+    ``ValueError`` with a distributed kvstore (:data:`DISTRIBUTED`).
+    """
+    if is_distributed(kvstore):
+        raise ValueError(DISTRIBUTED.format(value=setting, kind=kvstore.type))
+    arrays = [e.arg_dict[LOSS_SCALE_INPUT] for e in manager.training_set.executors]
+    gradients = device_gradients(manager.grad_arrays, len(arrays))
+    return LossScaler(setting, arrays, gradients, update)
