@@ -75,6 +75,8 @@ def step_function(
         if finite:
             if before is not None:
                 before()
+            if scaler is not None:
+                scaler.unscale()
             update.apply()
             status.updates_done += 1
             if after is not None:

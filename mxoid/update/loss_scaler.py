@@ -6,9 +6,11 @@ setting are in :mod:`mxoid.loss_scale`; this is the optimizer step's side.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any, Dict, List, Sequence
 
 import mxnet as mx
+import numpy as np
 
 from ..distributed.servers import is_distributed
 from ..executor_manager import LOSS_SCALE_INPUT
@@ -16,7 +18,7 @@ from ..executor_manager import LOSS_SCALE_INPUT
 if TYPE_CHECKING:  # pragma: no cover
     from .step import Update
 
-__all__ = ["LossScaler", "device_gradients", "loop_scaler"]
+__all__ = ["LossScaler", "device_gradients", "exact_rescale", "loop_scaler"]
 
 DISTRIBUTED = (
     "loss_scale={value!r} with the distributed kvstore {kind!r}: the workers would have to "
@@ -65,14 +67,35 @@ class LossScaler:
         self.clean_steps, self.skipped = 0, 0
         self._arrays, self._update = list(scale_arrays), update
         self._gradients = [list(grads) for grads in gradients]
-        self._flags = [mx.nd.ones((1,), ctx=grads[0].context) for grads in self._gradients]
+        self._flags = [mx.nd.ones((1,), ctx=array.context) for array in self._arrays]
+        self._inverses = [mx.nd.ones((1,), ctx=array.context) for array in self._arrays]
         self.write()
 
     def write(self) -> None:
-        """Give the devices the scale and the step the rescaling that divides it out."""
-        for array in self._arrays:
-            array[:] = self.scale
+        """Give the devices the scale (and its inverse), the step the rescaling that divides it.
+
+        The values are copied from float32 host arrays, bit for bit: MXNet reads a
+        number given to an operator (``array[:] = 0.1``) from its decimal text,
+        not always exactly (see :func:`exact_rescale`).
+        """
+        value = np.array([self.scale], dtype=np.float32)
+        inverse = np.array([1.0], dtype=np.float32) / value
+        for array, inverse_array in zip(self._arrays, self._inverses):
+            mx.nd.array(value, ctx=array.context, dtype=np.float32).copyto(array)
+            mx.nd.array(inverse, ctx=array.context, dtype=np.float32).copyto(inverse_array)
         self._update.set_loss_scale(self.scale)
+
+    def unscale(self) -> None:
+        """Divide every gradient by the scale, where the step's ``rescale_grad`` cannot.
+
+        Queued on each device (``broadcast_mul`` by ``1 / scale`` in place); nothing
+        when the update's ``divide_gradients`` is False.
+        """
+        if not self._update.divide_gradients:
+            return
+        for inverse, grads in zip(self._inverses, self._gradients):
+            for grad in grads:
+                mx.nd.broadcast_mul(grad, inverse, out=grad)
 
     def finite(self) -> bool:
         """Return whether every gradient on every device is finite (the step may update).
@@ -138,3 +161,41 @@ def loop_scaler(setting: Any, manager: Any, update: Update, kvstore: Any) -> Los
     arrays = [e.arg_dict[LOSS_SCALE_INPUT] for e in manager.training_set.executors]
     gradients = device_gradients(manager.grad_arrays, len(arrays))
     return LossScaler(setting, arrays, gradients, update)
+
+
+def _as_read(value: float) -> np.float32:
+    """Return ``rescale_grad=value`` as MXNet's optimizer kernels read it (float32).
+
+    MXNet passes an operator's numbers as text, which dmlc-core's parser reads
+    into a float32, not always the nearest one; one ``sgd_update`` of a zero
+    weight by a gradient of one with ``lr=1`` gives back ``-rescale_grad``.
+    """
+    with mx.autograd.pause():
+        weight, grad = mx.nd.zeros((1,), ctx=mx.cpu()), mx.nd.ones((1,), ctx=mx.cpu())
+        out = mx.nd.sgd_update(weight, grad, lr=1.0, wd=0.0, rescale_grad=value)
+    return np.float32(-out.asnumpy()[0])
+
+
+@functools.lru_cache(maxsize=256)
+def exact_rescale(rescale: float, scale: float) -> Any:
+    """Return a ``rescale_grad`` that MXNet reads as its reading of ``rescale`` / ``scale``.
+
+    None where no nearby value reads so. Why: MXNet's optimizer kernels read
+    ``rescale_grad`` from its decimal text with dmlc-core's float parser, which
+    misses the nearest float32 for some values; the loop's unscaled step uses
+    the parser's reading of ``rescale`` (``r``), and the scaled step must use
+    ``r / scale`` exactly (a power of two: exact in float32) for the update to
+    be the same bit for bit. Tried: ``r / scale`` itself, then values within
+    1.5 float32 ulps of it (the parser's error); each reading is one tiny
+    operator on the CPU and a wait, once per pair (cached), when the scale or
+    the batch's rescaling changes.
+    """
+    target = np.float32(_as_read(rescale) / np.float32(scale))
+    if not np.isfinite(target) or target == 0:
+        return None
+    ulp = float(np.spacing(target))
+    for step in (0, *(j for k in range(1, 13) for j in (k, -k))):
+        value = float(target) + step * ulp / 8
+        if _as_read(value) == target:
+            return value
+    return None

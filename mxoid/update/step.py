@@ -10,6 +10,7 @@ from ..distributed.servers import is_asynchronous, is_distributed, set_server_op
 from .functions import local_update_parts, prepared_update_on_kvstore
 from .fused_updater import create_updater
 from .kvstore import initialize_kvstore, kvstore_keys
+from .loss_scaler import exact_rescale
 from .optimizer import create_optimizer, optimizer_settings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -55,6 +56,9 @@ class Update:
         With loss scaling (``MainLoop(loss_scale=...)``): the scale, which the
         step divides out of ``rescale_grad`` (:meth:`set_loss_scale`), and the
         check that skips a step whose gradients overflowed. Set by the loop.
+    divide_gradients : bool
+        Whether the loss scaler divides the gradients by the scale before the
+        update, where ``rescale_grad`` cannot (:meth:`set_loss_scale`).
     """
 
     def __init__(
@@ -87,6 +91,7 @@ class Update:
         self._accumulate, self._workers, self._default_rescale = 1, 1, None
         self._loss_scale, self._unscaled = 1.0, optimizer.rescale_grad
         self.loss_scaler: Any = None
+        self.divide_gradients = False
         if reduce is None:
             self.step = apply
         else:
@@ -140,18 +145,28 @@ class Update:
             self._gradient_scale = rescale / self._rescale
         else:
             self._unscaled = rescale
-            self.optimizer.rescale_grad = rescale / self._loss_scale
+            self._rescale_for_scale()
         self.rows = rows
 
     def set_loss_scale(self, scale: float) -> None:
         """Make the step divide the gradients by the loss scale ``scale`` (1: none).
 
-        Through the optimizer's ``rescale_grad``, which becomes the rescaling
-        of the batch (:meth:`average_over`) divided by ``scale``: for a power of
-        two the update is the unscaled one bit for bit.
+        Through the optimizer's ``rescale_grad`` where that is exact: the
+        rescaling of the batch (:meth:`average_over`) divided by ``scale``,
+        as MXNet's kernels will read it (:func:`~mxoid.update.loss_scaler.exact_rescale`).
+        Where MXNet cannot read that value, ``rescale_grad`` stays the
+        batch's and :attr:`divide_gradients` asks the loss scaler to multiply
+        the gradients by ``1 / scale`` before the update instead.
         """
         self._loss_scale = float(scale)
-        self.optimizer.rescale_grad = self._unscaled / self._loss_scale
+        self._rescale_for_scale()
+
+    def _rescale_for_scale(self) -> None:
+        exact = None
+        if self._loss_scale != 1.0:
+            exact = exact_rescale(self._unscaled, self._loss_scale)
+        self.divide_gradients = self._loss_scale != 1.0 and exact is None
+        self.optimizer.rescale_grad = self._unscaled if exact is None else exact
 
     def _scale_gradients(self) -> None:
         """Multiply every gradient by the step's scale, in place (queued on the engine)."""
@@ -193,8 +208,8 @@ class Update:
         """
         optimizer.idx2name = self.optimizer.idx2name.copy()
         self.optimizer = optimizer
-        if self.loss_scaler is not None:  # saved divided by the scale of then: this loop's
-            optimizer.rescale_grad = self._unscaled / self._loss_scale
+        if self.loss_scaler is not None:  # saved for the scale of then: this loop's
+            self._rescale_for_scale()
         updater = self._states_updater()
         if hasattr(updater, "_plans"):
             updater._plans.clear()

@@ -1,0 +1,298 @@
+"""Loss scaling (MainLoop(loss_scale=...), mxoid.loss_scale), tested on CPUs in float32.
+
+A power-of-two scale commutes with floating-point rounding: float32 training with it equals
+training without it bit for bit, which shows the scale enters every gradient and leaves every
+update. Overflows are made two ways: a scale so large that float32 gradients overflow, and an
+inf in one batch's rows on one device; the skipped step is checked against the parameters and
+optimizer states before it, and the scale's course against MXNet AMP's own LossScaler fed the
+same overflows. float16 itself needs a GPU: its test skips here.
+"""
+
+import pickle
+
+import mxnet as mx
+import numpy as np
+import pytest
+from checkpointing import assert_identical
+from conftest import TWO_CPUS, classification_data
+
+from mxoid import FinishAfter, MainLoop
+from mxoid.extensions import Extension
+from mxoid.loss_scale import (
+    LOSS_OPERATORS,
+    SCALE_NAME,
+    DynamicLossScale,
+    check_loss_scale,
+    with_loss_scale,
+    without_loss_scale,
+)
+
+DEVICES = {"one": [mx.cpu(0)], "two": TWO_CPUS}
+BATCH = 20
+KVSTORES = {  # (kvstore, update_on_kvstore)
+    "local": ("local", None),
+    "local-on-kvstore": ("local", True),
+    "device": ("device", False),
+}
+
+
+def bn_mlp():
+    """A perceptron with BatchNorm and a softmax output."""
+    data = mx.sym.Variable("data")
+    hidden = mx.sym.FullyConnected(data, num_hidden=16, name="fc1")
+    hidden = mx.sym.BatchNorm(hidden, fix_gamma=False, name="bn1")
+    hidden = mx.sym.Activation(hidden, act_type="relu")
+    logits = mx.sym.FullyConnected(hidden, num_hidden=3, name="fc2")
+    return mx.sym.SoftmaxOutput(logits, name="softmax")
+
+
+def host(params):
+    return {k: v.asnumpy() for k, v in params.items()}
+
+
+class Trajectory(Extension):
+    """After every batch: each device's parameters, the optimizer's states, the scale."""
+
+    def __init__(self):
+        super().__init__(after_batch=True, priority=300)
+        self.rows = []
+
+    def do(self, which_callback, *args):
+        loop = self.main_loop
+        loop.synchronize()
+        manager = loop.manager
+        devices = [
+            {n: a[k].asnumpy() for n, a in zip(manager.param_names, manager.param_arrays)}
+            for k in range(len(manager.contexts))
+        ]
+        states, _ = pickle.loads(loop.optimizer_states())
+        states = {i: [s.asnumpy() for s in _flat(v)] for i, v in states.items()}
+        status = loop.status
+        self.rows.append(
+            {
+                "devices": devices,
+                "states": states,
+                "scale": status.loss_scale,
+                "skipped": status.skipped_updates,
+                "updates": status.updates_done,
+                "num_update": loop.optimizer.num_update,
+            }
+        )
+
+
+def _flat(value):
+    if value is None:
+        return []
+    if isinstance(value, (tuple, list)):
+        return [a for v in value for a in _flat(v)]
+    return [value]
+
+
+def symbol_loop(contexts, scale, stop, kvstore="local", update_on_kvstore=None, **options):
+    X, y = options.pop("data", None) or classification_data(n=200)
+    np.random.seed(5)
+    mx.random.seed(1)
+    train = mx.io.NDArrayIter(X, y, batch_size=BATCH, shuffle=True, label_name="softmax_label")
+    return MainLoop(
+        options.pop("net", None) or bn_mlp(),
+        train,
+        contexts=contexts,
+        optimizer=options.pop("optimizer", "sgd"),
+        optimizer_params=options.pop("optimizer_params", {"learning_rate": 0.1, "momentum": 0.9}),
+        initializer=mx.init.Xavier(),
+        kvstore=kvstore,
+        update_on_kvstore=update_on_kvstore,
+        extensions=[stop, *options.pop("extensions", ())],
+        loss_scale=scale,
+        **options,
+    )
+
+
+def all_values(loop):
+    args, aux = loop.get_params()
+    return {**host(args), **host(aux)}
+
+
+def last_gradients(loop):
+    loop.synchronize()
+    manager = loop.manager
+    return {
+        f"{k}:{n}": g[k].asnumpy()
+        for n, g in zip(manager.param_names, manager.grad_arrays)
+        for k in range(len(manager.contexts))
+    }
+
+
+# ------------------------------------------------------------------ the graph
+@pytest.mark.parametrize("op", LOSS_OPERATORS)
+def test_each_loss_operator_ignores_its_head_gradient_and_the_scale_is_exact(op):
+    """Why the scale goes before the loss operator; forward bit for bit, backward times s."""
+    x, label = mx.sym.Variable("x"), mx.sym.Variable("label")
+    hidden = mx.sym.FullyConnected(x, num_hidden=4, name="fc")
+    hidden = mx.sym.BatchNorm(hidden, fix_gamma=False, name="bn")
+    one_label = op in ("SoftmaxOutput", "SVMOutput")
+    head = getattr(mx.sym, op)(hidden) if "ake" in op else getattr(mx.sym, op)(hidden, label)
+    net = mx.sym.Group([head, mx.sym.BlockGrad(hidden, name="features")])
+    scaled = with_loss_scale(net)
+    assert SCALE_NAME in scaled.list_arguments() and scaled.list_outputs() == net.list_outputs()
+    assert without_loss_scale(scaled).tojson() == net.tojson()
+    rng = np.random.RandomState(0)
+    inputs = {"x": rng.randn(6, 5), "label": rng.randint(0, 4, (6,) if one_label else (6, 4))}
+
+    def run(symbol, scale, head_gradient=None):
+        names = symbol.list_arguments()
+        shapes = {n: v.shape for n, v in inputs.items() if n in names}
+        requests = {n: "null" if n in inputs or n == SCALE_NAME else "write" for n in names}
+        ex = symbol.simple_bind(mx.cpu(), grad_req=requests, **shapes)
+        values = np.random.RandomState(1)
+        for name, array in ex.arg_dict.items():
+            if name in inputs:
+                array[:] = inputs[name]
+            elif name == SCALE_NAME:
+                array[:] = scale
+            else:
+                array[:] = values.randn(*array.shape)
+        ex.forward(is_train=True)
+        ex.backward(head_gradient)
+        outputs = [o.asnumpy() for o in ex.outputs]
+        return outputs, {n: g.asnumpy() for n, g in ex.grad_dict.items() if g is not None}
+
+    outputs, gradients = run(net, None)
+    twice = [mx.nd.ones(o.shape) * 2 for o in outputs]
+    assert_identical(gradients, run(net, None, twice)[1])  # the head gradient is ignored
+    scaled_outputs, scaled_gradients = run(scaled, 2.0**12)
+    for ours, theirs in zip(scaled_outputs, outputs):
+        np.testing.assert_array_equal(ours, theirs)
+    assert scaled_gradients.keys() == gradients.keys()
+    for name, gradient in gradients.items():
+        assert np.any(gradient != 0), name
+        np.testing.assert_array_equal(scaled_gradients[name], gradient * 2.0**12, err_msg=name)
+
+
+def test_a_head_that_takes_its_gradient_or_no_loss_is_refused_by_name():
+    data = mx.sym.Variable("data")
+    regression = mx.sym.sum(mx.sym.FullyConnected(data, num_hidden=2, name="fc"), name="total")
+    with pytest.raises(ValueError, match="head 'total' .sum. takes the gradient.*MakeLoss"):
+        with_loss_scale(mx.sym.Group([mx.sym.MakeLoss(regression), regression]))
+    with pytest.raises(ValueError, match="no loss operator to scale.*loss_scale=None"):
+        with_loss_scale(mx.sym.BlockGrad(data))
+
+
+def test_the_settings_are_checked():
+    assert check_loss_scale("auto", None) is None
+    assert check_loss_scale("auto", "bfloat16") is None
+    assert isinstance(check_loss_scale("auto", "float16"), DynamicLossScale)
+    assert check_loss_scale("dynamic", None).initial == 2.0**16
+    assert check_loss_scale(1024, None) == 1024.0
+    for wrong in ("static", 0, -2.0, float("inf"), True):
+        with pytest.raises(ValueError, match="give 'dynamic'.*a positive float.*or None"):
+            check_loss_scale(wrong, None)
+    with pytest.raises(ValueError, match="0 < initial <= maximum"):
+        DynamicLossScale(initial=2.0**30, maximum=2.0**24)
+    with pytest.raises(ValueError, match="growth_interval must be an int >= 1"):
+        DynamicLossScale(growth_interval=0)
+
+
+# ------------------------------------------------------- float32, bit for bit
+SCALES = {
+    "static": 2.0**10,
+    "dynamic": "dynamic",
+    "growing": DynamicLossScale(initial=8.0, growth_interval=4),
+}
+
+
+@pytest.mark.parametrize("kvstore", sorted(KVSTORES))
+@pytest.mark.parametrize("devices", ["one", "two"])
+def test_float32_with_a_power_of_two_scale_trains_bit_for_bit_as_without(devices, kvstore):
+    """Three epochs of SGD with momentum (10 batches each) with BatchNorm: the parameters and
+    statistics equal, and the last gradients are the scale times the unscaled ones."""
+    kind, on_kvstore = KVSTORES[kvstore]
+    stop = FinishAfter(after_n_epochs=3)
+    plain = symbol_loop(DEVICES[devices], None, stop, kind, on_kvstore).run()
+    expected, plain_gradients = all_values(plain), last_gradients(plain)
+    assert plain.status.loss_scale is None
+    for name, scale in SCALES.items():
+        loop = symbol_loop(DEVICES[devices], scale, FinishAfter(after_n_epochs=3), kind, on_kvstore)
+        loop.run()
+        assert_identical(all_values(loop), expected)
+        final = {"static": 2.0**10, "dynamic": 2.0**16, "growing": 8.0 * 2**7}[name]
+        assert loop.status.loss_scale == final and loop.status.skipped_updates == 0
+        gradients = last_gradients(loop)  # the last step's scale is the final one
+        for key, gradient in plain_gradients.items():
+            np.testing.assert_array_equal(gradients[key], gradient * final, err_msg=key)
+        assert loop.status.updates_done == plain.status.updates_done == 30
+
+
+def test_adam_and_accumulated_batches_train_bit_for_bit_as_without():
+    options = {"optimizer": "adam", "optimizer_params": {"learning_rate": 0.01}}
+    runs = [
+        symbol_loop(
+            TWO_CPUS, scale, FinishAfter(after_n_epochs=3), accumulate_batches=3, **dict(options)
+        ).run()
+        for scale in (None, DynamicLossScale(initial=2.0**5, growth_interval=2))
+    ]
+    assert_identical(all_values(runs[1]), all_values(runs[0]))
+    assert runs[1].status.loss_scale == 2.0**5 * 2**5  # 10 steps of 3 batches, doubled every 2
+    assert runs[1].status.updates_done == 10
+
+
+@pytest.mark.parametrize("devices", ["one", "two"])
+def test_buckets_train_bit_for_bit_as_without(devices):
+    from buckets import OPTIMIZER_PARAMS, bucket_iter, initial_params, sym_gen_of
+
+    def run(scale):
+        sym_gen = sym_gen_of()
+        return MainLoop(
+            sym_gen,
+            bucket_iter(),
+            contexts=DEVICES[devices],
+            optimizer_params=dict(OPTIMIZER_PARAMS),
+            arg_params=initial_params(sym_gen),
+            extensions=[FinishAfter(after_n_epochs=2)],
+            loss_scale=scale,
+        ).run()
+
+    plain, scaled = run(None), run(DynamicLossScale(initial=2.0**4, growth_interval=5))
+    assert len(scaled.manager.executor_sets) > 1  # other buckets' sets, sharing the scale
+    assert_identical(host(scaled.get_params()[0]), host(plain.get_params()[0]))
+    assert scaled.status.loss_scale > 2.0**4 and scaled.status.skipped_updates == 0
+
+
+def gluon_net():
+    from mxnet import gluon
+
+    net = gluon.nn.HybridSequential()
+    net.add(gluon.nn.Dense(16), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"))
+    net.add(gluon.nn.Dense(3))
+    return net
+
+
+@pytest.mark.parametrize("devices", ["one", "two"])
+def test_a_gluon_block_trains_bit_for_bit_as_without(devices):
+    from mxnet import gluon
+
+    X, y = classification_data(n=200)
+    trained = {}
+    for scale in (None, "dynamic", 2.0**7):
+        mx.random.seed(1)
+        net = gluon_net()
+        net.initialize(mx.init.Xavier())
+        np.random.seed(5)
+        train = mx.io.NDArrayIter(X, y, batch_size=BATCH, shuffle=True, label_name="label")
+        loop = MainLoop(
+            net,
+            train,
+            loss=gluon.loss.SoftmaxCrossEntropyLoss(),
+            contexts=DEVICES[devices],
+            optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
+            extensions=[FinishAfter(after_n_epochs=2)],
+            loss_scale=scale,
+        ).run()
+        assert loop.status.loss_scale == (
+            None if scale is None else {"dynamic": 2.0**16}.get(scale, scale)
+        )
+        trained[scale] = {  # by position: each block's names are its own (dense0, dense4...)
+            str(i): p.data().asnumpy() for i, p in enumerate(net.collect_params().values())
+        }
+    assert_identical(trained["dynamic"], trained[None])
+    assert_identical(trained[2.0**7], trained[None])
