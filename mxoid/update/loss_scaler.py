@@ -173,7 +173,7 @@ def _as_read(value: float) -> np.float32:
     with mx.autograd.pause():
         weight, grad = mx.nd.zeros((1,), ctx=mx.cpu()), mx.nd.ones((1,), ctx=mx.cpu())
         out = mx.nd.sgd_update(weight, grad, lr=1.0, wd=0.0, rescale_grad=value)
-    return np.float32(-out.asnumpy()[0])
+        return np.float32(-out.asnumpy()[0])
 
 
 @functools.lru_cache(maxsize=256)
@@ -186,12 +186,13 @@ def exact_rescale(rescale: float, scale: float) -> Any:
     the parser's reading of ``rescale`` (``r``), and the scaled step must use
     ``r / scale`` exactly (a power of two: exact in float32) for the update to
     be the same bit for bit. Tried: ``r / scale`` itself, then values within
-    1.5 float32 ulps of it (the parser's error); each reading is one tiny
+    1.5 float32 ulps of it (the parser's error), none below float32's normal
+    range (MXNet refuses to read such a ``rescale_grad``); each reading is one tiny
     operator on the CPU and a wait, once per pair (cached), when the scale or
     the batch's rescaling changes.
     """
     target = np.float32(_as_read(rescale) / np.float32(scale))
-    if not np.isfinite(target) or target == 0:
+    if not np.finfo(np.float32).tiny <= abs(target) < np.inf:  # MXNet refuses subnormals
         return None
     ulp = float(np.spacing(target))
     for step in (0, *(j for k in range(1, 13) for j in (k, -k))):

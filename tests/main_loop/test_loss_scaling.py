@@ -8,6 +8,9 @@ optimizer states before it, and the scale's course against MXNet AMP's own LossS
 same overflows. float16 itself needs a GPU: its test skips here.
 """
 
+import json
+import logging
+import os
 import pickle
 
 import mxnet as mx
@@ -16,7 +19,8 @@ import pytest
 from checkpointing import assert_identical
 from conftest import TWO_CPUS, classification_data
 
-from mxoid import FinishAfter, MainLoop
+from mxoid import Checkpoint, FinishAfter, MainLoop
+from mxoid.checkpoint import latest_checkpoint
 from mxoid.extensions import Extension
 from mxoid.loss_scale import (
     LOSS_OPERATORS,
@@ -41,7 +45,7 @@ def bn_mlp():
     data = mx.sym.Variable("data")
     hidden = mx.sym.FullyConnected(data, num_hidden=16, name="fc1")
     hidden = mx.sym.BatchNorm(hidden, fix_gamma=False, name="bn1")
-    hidden = mx.sym.Activation(hidden, act_type="relu")
+    hidden = mx.sym.Activation(hidden, act_type="relu", name="relu1")
     logits = mx.sym.FullyConnected(hidden, num_hidden=3, name="fc2")
     return mx.sym.SoftmaxOutput(logits, name="softmax")
 
@@ -296,3 +300,233 @@ def test_a_gluon_block_trains_bit_for_bit_as_without(devices):
         }
     assert_identical(trained["dynamic"], trained[None])
     assert_identical(trained[2.0**7], trained[None])
+
+
+def test_a_rescale_grad_mxnet_cannot_read_exactly_divides_the_gradients_instead():
+    """MXNet reads rescale_grad from text with dmlc-core's float parser: (1/60) / 256 is read
+    one ulp off, and some values (1/43 / 2**18) are read by no nearby text at all."""
+    from mxoid.update.loss_scaler import _as_read, exact_rescale
+
+    assert _as_read(1 / 60 / 256) != _as_read(1 / 60) / np.float32(256)
+    found = exact_rescale(1 / 60, 256.0)
+    assert found is not None and _as_read(found) == _as_read(1 / 60) / np.float32(256)
+    assert exact_rescale(1 / 43, 2.0**18) is None
+    X, y = classification_data(n=172)
+    runs = {}
+    for scale in (None, 2.0**18):
+        np.random.seed(5)
+        mx.random.seed(1)
+        train = mx.io.NDArrayIter(X, y, batch_size=43, shuffle=True, label_name="softmax_label")
+        runs[scale] = MainLoop(
+            bn_mlp(),
+            train,
+            contexts=TWO_CPUS,
+            optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
+            initializer=mx.init.Xavier(),
+            extensions=[FinishAfter(after_n_epochs=2)],
+            loss_scale=scale,
+        ).run()
+    assert runs[2.0**18].update.divide_gradients
+    assert runs[2.0**18].optimizer.rescale_grad == 1 / 43
+    assert_identical(all_values(runs[2.0**18]), all_values(runs[None]))
+
+
+# ------------------------------------------------------------------ overflows
+def amp_scales(skipped, initial, growth_interval, maximum):
+    """The scale after each step, by MXNet AMP's own LossScaler fed the same overflows."""
+    from mxnet.contrib.amp.loss_scaler import LossScaler
+
+    class Parameter:  # what has_overflow reads of a Gluon Parameter: its gradients
+        def __init__(self, value):
+            self._grad = [mx.nd.array([value])]
+
+    scaler = LossScaler()
+    scaler._loss_scale = scaler._next_loss_scale = initial
+    scaler._scale_seq_len = growth_interval
+    scaler._max_loss_scale = maximum
+    scales = []
+    for overflow in skipped:
+        assert scaler.has_overflow([Parameter(np.inf if overflow else 1.0)]) == overflow
+        scales.append(scaler._next_loss_scale)
+    return scales
+
+
+def assert_step_skipped(before, after):
+    """Every device's parameters and every optimizer state as before the step."""
+    for ours, theirs in zip(before["devices"], after["devices"]):
+        assert_identical(ours, theirs)
+    assert before["states"].keys() == after["states"].keys()
+    for index, states in before["states"].items():
+        for mine, other in zip(states, after["states"][index]):
+            np.testing.assert_array_equal(mine, other)
+
+
+@pytest.mark.parametrize("kvstore", sorted(KVSTORES))
+def test_a_scale_that_overflows_float32_skips_steps_and_halves_until_it_fits(kvstore):
+    """From 2**127 the gradients overflow: the first steps are skipped on both devices (their
+    parameters and momentum as before), each halving the scale, then training goes on and the
+    scale doubles every 3 clean steps, as AMP's LossScaler does with the same overflows."""
+    kind, on_kvstore = KVSTORES[kvstore]
+    rule = DynamicLossScale(initial=2.0**127, growth_interval=3, maximum=2.0**127)
+    trajectory = Trajectory()
+    loop = symbol_loop(
+        TWO_CPUS, rule, FinishAfter(after_n_batches=20), kind, on_kvstore, extensions=[trajectory]
+    ).run()
+    rows = trajectory.rows
+    skipped = [b["skipped"] > a["skipped"] for a, b in zip([{"skipped": 0}] + rows, rows)]
+    assert skipped[0] and not all(skipped)
+    for i, skip in enumerate(skipped):
+        if skip and i > 0:
+            assert_step_skipped(rows[i - 1], rows[i])
+    assert all(
+        not np.array_equal(rows[0]["devices"][0][n], rows[-1]["devices"][0][n])
+        for n in rows[0]["devices"][0]
+    )
+    assert [row["scale"] for row in rows] == amp_scales(skipped, 2.0**127, 3, 2.0**127)
+    status = loop.status
+    assert status.skipped_updates == sum(skipped)
+    assert status.updates_done == 20 - sum(skipped) == loop.optimizer.num_update
+    for values in loop.get_params()[0].values():
+        assert np.isfinite(values.asnumpy()).all()
+
+
+class Poison(mx.io.DataIter):
+    """An NDArrayIter whose batch ``bad`` has inf in its last row: on the last device only."""
+
+    def __init__(self, inner, bad):
+        super().__init__(inner.batch_size)
+        self.inner, self.bad, self.count = inner, bad, 0
+        self.provide_data, self.provide_label = inner.provide_data, inner.provide_label
+
+    def reset(self):
+        self.inner.reset()
+
+    def next(self):
+        batch = self.inner.next()
+        self.count += 1
+        if self.count == self.bad:
+            data = batch.data[0].copy()
+            data[-1] = np.inf
+            batch = mx.io.DataBatch([data], batch.label, pad=batch.pad)
+        return batch
+
+
+@pytest.mark.parametrize("accumulate", [1, 2])
+@pytest.mark.parametrize("kvstore", sorted(KVSTORES))
+def test_an_inf_on_one_device_skips_the_step_on_every_device(kvstore, accumulate):
+    """Batch 6's last row is inf: the second device's gradients are NaN, the first device's are
+    not (update_on_kvstore: nothing summed before the check); the step is skipped on both."""
+    from conftest import mlp
+
+    kind, on_kvstore = KVSTORES[kvstore]
+    X, y = classification_data(n=200)
+    np.random.seed(5)
+    inner = mx.io.NDArrayIter(X, y, batch_size=BATCH, shuffle=True, label_name="softmax_label")
+    trajectory = Trajectory()
+    loop = MainLoop(
+        mlp(),
+        Poison(inner, bad=6),
+        contexts=TWO_CPUS,
+        optimizer_params={"learning_rate": 0.1, "momentum": 0.9},
+        initializer=mx.init.Xavier(),
+        kvstore=kind,
+        update_on_kvstore=on_kvstore,
+        accumulate_batches=accumulate,
+        extensions=[FinishAfter(after_n_batches=10), trajectory],
+        loss_scale=DynamicLossScale(initial=2.0**10, growth_interval=100),
+    ).run()
+    rows = trajectory.rows
+    assert [r["skipped"] for r in rows] == [0] * 5 + [1] * 5
+    assert [r["scale"] for r in rows] == [2.0**10] * 5 + [2.0**9] * 5
+    assert_step_skipped(rows[4], rows[5])  # batch 6 (a step's last batch either way)
+    assert not np.array_equal(
+        rows[5]["devices"][0]["fc1_weight"], rows[-1]["devices"][0]["fc1_weight"]
+    )
+    assert loop.status.updates_done == 10 // accumulate - 1 == loop.optimizer.num_update
+    for values in loop.get_params()[0].values():
+        assert np.isfinite(values.asnumpy()).all()
+    # The skipped group is over: the next group sums batches 7 and 8 alone.
+    assert loop.status.iterations_done - (loop.status.updates_done + 1) * accumulate == 0
+
+
+# ---------------------------------------------------------- checkpoints
+def test_a_run_stopped_and_resumed_mid_epoch_equals_the_uninterrupted_one(tmp_path):
+    """Two devices, BatchNorm, Adam; the scale starts overflowing, then grows every 3 steps:
+    parameters, statistics, the scale and the skipped steps bit for bit."""
+    rule = DynamicLossScale(initial=2.0**127, growth_interval=3, maximum=2.0**127)
+    options = {"optimizer": "adam", "optimizer_params": {"learning_rate": 0.01}}
+
+    def loop(directory, stop, resume=False):
+        saving = Checkpoint(str(directory), every_n_batches=4)
+        return symbol_loop(
+            TWO_CPUS,
+            rule,
+            stop,
+            extensions=[saving],
+            resume_from=str(directory) if resume else None,
+            **dict(options),
+        )
+
+    full = loop(tmp_path / "full", FinishAfter(after_n_epochs=3)).run()
+    loop(tmp_path / "cut", FinishAfter(after_n_batches=16)).run()
+    again = loop(tmp_path / "cut", FinishAfter(after_n_epochs=3), resume=True)
+    assert again.resumed_from is not None and again.status.loss_scale < 2.0**127
+    again.run()
+    assert_identical(all_values(again), all_values(full))
+    for name in ("loss_scale", "skipped_updates", "updates_done"):
+        assert getattr(again.status, name) == getattr(full.status, name), name
+    assert full.status.skipped_updates > 0
+
+
+def test_checkpoints_hold_the_network_as_given_for_module_and_gluon(tmp_path):
+    from mxnet import gluon
+
+    loop = symbol_loop(
+        [mx.cpu()],
+        "dynamic",
+        FinishAfter(after_n_epochs=1),
+        extensions=[Checkpoint(str(tmp_path / "s"))],
+    ).run()
+    folder = latest_checkpoint(str(tmp_path / "s")).path
+    with open(os.path.join(folder, "model-symbol.json")) as handle:
+        assert json.loads(handle.read()) == json.loads(bn_mlp().tojson())
+    with open(os.path.join(folder, "loop.json")) as handle:
+        assert json.load(handle)["loss_scale"] == {
+            "scale": 2.0**16,
+            "clean_steps": 10,
+            "skipped": 0,
+        }
+    module = mx.mod.Module.load(os.path.join(folder, "model"), 1, logging.getLogger("quiet"))
+    X, y = classification_data(n=200)
+    valid = mx.io.NDArrayIter(X, y, batch_size=BATCH, label_name="softmax_label")
+    module.bind(valid.provide_data, valid.provide_label, for_training=False)
+    np.testing.assert_array_equal(module.predict(valid).asnumpy(), loop.predict(valid)["softmax"])
+    block = gluon.SymbolBlock.imports(
+        os.path.join(folder, "model-symbol.json"),
+        ["data", "softmax_label"],
+        os.path.join(folder, "model-0001.params"),
+    )
+    assert SCALE_NAME not in block.collect_params()
+    assert SCALE_NAME not in loop.get_params()[0]
+    # A Gluon block's checkpoint: net-symbol.json and net.params, as Gluon exports it.
+    mx.random.seed(1)
+    net = gluon_net()
+    net.initialize(mx.init.Xavier())
+    MainLoop(
+        net,
+        mx.io.NDArrayIter(X, y, batch_size=BATCH, label_name="label"),
+        loss=gluon.loss.SoftmaxCrossEntropyLoss(),
+        extensions=[FinishAfter(after_n_epochs=1), Checkpoint(str(tmp_path / "g"))],
+        loss_scale="dynamic",
+    ).run()
+    folder = latest_checkpoint(str(tmp_path / "g")).path
+    with open(os.path.join(folder, "net-symbol.json")) as handle:
+        assert "_mxoid" not in handle.read()
+    expected = net(mx.nd.array(X)).asnumpy()
+    imported = gluon.SymbolBlock.imports(
+        f"{folder}/net-symbol.json", ["data"], f"{folder}/model-0001.params"
+    )
+    np.testing.assert_allclose(imported(mx.nd.array(X)).asnumpy(), expected, rtol=1e-5, atol=1e-6)
+    again = gluon_net()
+    again.load_parameters(f"{folder}/net.params")
+    np.testing.assert_array_equal(again(mx.nd.array(X)).asnumpy(), expected)
