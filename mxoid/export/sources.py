@@ -35,6 +35,7 @@ from ..checkpoint.directory import is_checkpoint_folder
 from ..checkpoint.loading import checkpoint_of_epoch, load_model
 from ..checkpoint.reading import read_checkpoint
 from ..errors import clean_mxnet_message
+from ..loss_scale import without_loss_scale
 from .graphs import PredictionGraph, is_label, prediction_symbol
 
 __all__ = ["INPUTS_STATE", "prediction_graphs"]
@@ -150,6 +151,7 @@ def _loop_graphs(loop: Any, input_shapes: Any) -> List[PredictionGraph]:
     for key in network.graph_keys:
         descs = _bucket_descs(default, network.default_key, key)
         symbol = network.graph(key, descs, manager.training_set.label_descs)
+        symbol = without_loss_scale(symbol)  # the network as given (mxoid.loss_scale)
         graphs.append(_graph(symbol, params, descs, manager.label_names, key=key))
     return graphs
 

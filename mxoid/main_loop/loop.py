@@ -172,7 +172,9 @@ class MainLoop:
         2000 clean steps; :class:`mxoid.loss_scale.DynamicLossScale` sets the
         numbers); a float: a fixed scale; ``'auto'``: ``'dynamic'`` under
         ``mixed_precision='float16'``, else None (float32 and bfloat16 need
-        none). It costs one host sync per step. Not with a distributed kvstore.
+        none). It costs one host sync per step (and, with ``dist_sync`` and the
+        optimizer on the servers, one exchange between the workers); not with
+        ``dist_async``.
 
     Attributes
     ----------

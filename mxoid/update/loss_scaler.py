@@ -7,12 +7,13 @@ setting are in :mod:`mxoid.loss_scale`; this is the optimizer step's side.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import mxnet as mx
 import numpy as np
 
-from ..distributed.servers import is_distributed
+from ..distributed.servers import is_asynchronous, is_distributed
+from ..distributed.workers import allreduce_sums
 from ..executor_manager import LOSS_SCALE_INPUT
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -20,11 +21,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = ["LossScaler", "device_gradients", "exact_rescale", "loop_scaler"]
 
-DISTRIBUTED = (
-    "loss_scale={value!r} with the distributed kvstore {kind!r}: the workers would have to "
-    "agree on skipping a step before the servers update, which mxoid does not do yet. Train "
-    "with loss_scale=None (bfloat16 needs none), or on one machine (kvstore 'local' or "
-    "'device' over its devices)"
+ASYNCHRONOUS = (
+    "loss_scale={value!r} with the kvstore 'dist_async': each worker's push updates the "
+    "servers alone, so a step with an overflow on one worker cannot be skipped by all. Use "
+    "kvstore='dist_sync', or loss_scale=None (bfloat16 needs none)"
 )
 
 
@@ -44,6 +44,11 @@ class LossScaler:
         Each device's parameter gradients, which :meth:`finite` checks.
     update : mxoid.update.Update
         The step whose ``rescale_grad`` divides the scale out.
+    agree : callable, optional
+        ``agree(overflows) -> total``: sums this worker's count of devices with
+        an overflow over the workers (``dist_sync`` with the optimizer on the
+        servers, whose push follows the check); None where every process sees
+        the same summed gradients.
 
     Attributes
     ----------
@@ -61,7 +66,9 @@ class LossScaler:
         scale_arrays: Sequence[mx.nd.NDArray],
         gradients: Sequence[Sequence[mx.nd.NDArray]],
         update: Update,
+        agree: Optional[Callable[[int], int]] = None,
     ) -> None:
+        self.agree = agree
         self.dynamic = None if isinstance(setting, (int, float)) else setting
         self.scale = self.dynamic.initial if self.dynamic else float(setting)
         self.clean_steps, self.skipped = 0, 0
@@ -101,14 +108,19 @@ class LossScaler:
         """Return whether every gradient on every device is finite (the step may update).
 
         One ``multi_all_finite`` per device (and 200 arrays) and one wait for
-        them all: the host must know before the step.
+        them all: the host must know before the step. Where the workers'
+        gradients are not summed before the check, the workers agree (``agree``:
+        one small exchange through the servers), so that all skip or none.
         """
         for flag, grads in zip(self._flags, self._gradients):
             flag[:] = 1
             for start in range(0, len(grads), _CHUNK):
                 chunk = grads[start : start + _CHUNK]
                 mx.nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=flag)
-        return all(flag.asscalar() == 1 for flag in self._flags)
+        overflows = sum(flag.asscalar() != 1 for flag in self._flags)
+        if self.agree is not None:
+            overflows = self.agree(int(overflows))
+        return overflows == 0
 
     def follow(self, finite: bool) -> None:
         """Count a step after it was taken (``finite``) or skipped; the dynamic rule.
@@ -153,14 +165,24 @@ def loop_scaler(setting: Any, manager: Any, update: Update, kvstore: Any) -> Los
     """Return the :class:`LossScaler` of a loop's step under loss scaling (``setting``).
 
     Its arrays are the training set's scale inputs (which the manager's other
-    sets share) and the parameters' gradients on each device. Raises
-    ``ValueError`` with a distributed kvstore (:data:`DISTRIBUTED`).
+    sets share) and the parameters' gradients on each device. Under
+    ``dist_sync`` with the workers running the optimizer, every worker checks
+    the same summed gradients (pulled before the check); with the servers
+    running it, the workers agree through :func:`~mxoid.distributed.allreduce_sums`.
+    Raises ``ValueError`` with ``dist_async`` (:data:`ASYNCHRONOUS`).
     """
+    agree = None
     if is_distributed(kvstore):
-        raise ValueError(DISTRIBUTED.format(value=setting, kind=kvstore.type))
+        if is_asynchronous(kvstore):
+            raise ValueError(ASYNCHRONOUS.format(value=setting))
+        if update.update_on_kvstore:
+
+            def agree(overflows: int) -> int:
+                return int(allreduce_sums(kvstore, "mxoid_loss_scale", [overflows])[0])
+
     arrays = [e.arg_dict[LOSS_SCALE_INPUT] for e in manager.training_set.executors]
     gradients = device_gradients(manager.grad_arrays, len(arrays))
-    return LossScaler(setting, arrays, gradients, update)
+    return LossScaler(setting, arrays, gradients, update, agree)
 
 
 def _as_read(value: float) -> np.float32:

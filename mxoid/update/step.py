@@ -154,14 +154,18 @@ class Update:
         Through the optimizer's ``rescale_grad`` where that is exact: the
         rescaling of the batch (:meth:`average_over`) divided by ``scale``,
         as MXNet's kernels will read it (:func:`~mxoid.update.loss_scaler.exact_rescale`).
-        Where MXNet cannot read that value, ``rescale_grad`` stays the
+        Where MXNet cannot read that value, or the servers of a distributed
+        kvstore run the optimizer with their own ``rescale_grad``, it stays the
         batch's and :attr:`divide_gradients` asks the loss scaler to multiply
-        the gradients by ``1 / scale`` before the update instead.
+        the gradients by ``1 / scale`` before the update (the push) instead.
         """
         self._loss_scale = float(scale)
         self._rescale_for_scale()
 
     def _rescale_for_scale(self) -> None:
+        if self.server_gradients:  # the servers' rescale_grad is theirs: the workers divide
+            self.divide_gradients = self._loss_scale != 1.0
+            return
         exact = None
         if self._loss_scale != 1.0:
             exact = exact_rescale(self._unscaled, self._loss_scale)

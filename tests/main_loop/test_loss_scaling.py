@@ -530,3 +530,19 @@ def test_checkpoints_hold_the_network_as_given_for_module_and_gluon(tmp_path):
     again = gluon_net()
     again.load_parameters(f"{folder}/net.params")
     np.testing.assert_array_equal(again(mx.nd.array(X)).asnumpy(), expected)
+
+
+def test_a_loop_trained_with_loss_scaling_exports_the_network_as_given(tmp_path):
+    """ONNX from the loop: the scale is no input, onnxruntime computes what loop.predict does."""
+    onnx = pytest.importorskip("onnx", reason="exporting needs onnx: pip install 'mxoid[onnx]'")
+    pytest.importorskip("onnxruntime", reason="checking needs onnxruntime: 'mxoid[onnx]'")
+    if not hasattr(onnx, "mapping"):  # pragma: no cover
+        pytest.skip(f"onnx {onnx.__version__} lacks onnx.mapping (MXNet's exporter): onnx<1.19")
+    from mxoid.export import export_onnx
+
+    loop = symbol_loop([mx.cpu()], "dynamic", FinishAfter(after_n_epochs=1)).run()
+    [exported] = export_onnx(loop, tmp_path / "model.onnx")
+    assert exported.inputs == {"data": ("batch", 10)} and exported.outputs == ["softmax"]
+    assert exported.max_difference < 1e-5
+    model = onnx.load(exported.path)
+    assert [i.name for i in model.graph.input] == ["data"]
