@@ -546,3 +546,110 @@ def test_a_loop_trained_with_loss_scaling_exports_the_network_as_given(tmp_path)
     assert exported.max_difference < 1e-5
     model = onnx.load(exported.path)
     assert [i.name for i in model.graph.input] == ["data"]
+
+
+# ------------------------------------------------------------ float16 on a GPU
+AMP_GLUON_LOOP = r"""
+import json, os
+import mxnet as mx, numpy as np
+from mxnet import autograd, gluon
+from mxnet.contrib import amp
+
+amp.init(target_dtype="float16")  # patches MXNet's operators: in a process of its own
+arrays = np.load(os.environ["LOSS_SCALE_DIGITS"])
+Xt, yt, Xv, yv = (arrays[k] for k in ("Xt", "yt", "Xv", "yv"))
+ctx = mx.gpu(0)
+mx.random.seed(1)
+net = gluon.nn.HybridSequential()
+net.add(gluon.nn.Dense(64), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"), gluon.nn.Dense(10))
+net.initialize(mx.init.Xavier())
+net(mx.nd.zeros((1, 64)))
+net.collect_params().reset_ctx(ctx)
+net.hybridize(static_alloc=True)
+trainer = gluon.Trainer(
+    net.collect_params(), "sgd", {"learning_rate": 0.05, "momentum": 0.9}, kvstore=None
+)
+amp.init_trainer(trainer)
+scaler, skipped = trainer._amp_loss_scaler, []
+check = scaler.has_overflow
+
+def counting(params):
+    overflow = check(params)
+    skipped.append(bool(overflow))
+    return overflow
+
+scaler.has_overflow = counting
+loss_function = gluon.loss.SoftmaxCrossEntropyLoss()
+np.random.seed(5)
+train = mx.io.NDArrayIter(Xt, yt, int(os.environ["LOSS_SCALE_BATCH"]), shuffle=True)
+for epoch in range(int(os.environ["LOSS_SCALE_EPOCHS"])):
+    train.reset()
+    for batch in train:
+        x, y = batch.data[0].as_in_context(ctx), batch.label[0].as_in_context(ctx)
+        with autograd.record():
+            loss = loss_function(net(x), y)
+            with amp.scale_loss(loss, trainer) as scaled:
+                autograd.backward(scaled)
+        trainer.step(x.shape[0])
+predicted = net(mx.nd.array(Xv, ctx=ctx)).argmax(axis=1).asnumpy()
+print(json.dumps({"accuracy": float((predicted == yv).mean()), "skipped": sum(skipped),
+                  "steps": len(skipped), "scale": scaler.loss_scale}))
+"""
+
+
+@pytest.mark.skipif(
+    mx.context.num_gpus() == 0,
+    reason="mixed_precision='float16' (with its dynamic loss scaling) needs a GPU; this "
+    "machine has none",
+)
+def test_float16_on_a_gpu_trains_as_mxnets_amp_gluon_loop(tmp_path):
+    """A Gluon MLP with BatchNorm, 10 epochs of the digits on one GPU: MainLoop's float16 with
+    its default dynamic loss scaling against a hand-written Gluon loop with MXNet's AMP
+    (amp.init, init_trainer, scale_loss; in a process of its own, amp.init patches MXNet).
+    The two convert the graph differently (AMP's symbol conversion against its operator
+    patching), so they are compared by held-out accuracy and by the steps they skipped."""
+    from conftest import json_from_fresh_python
+    from mxnet import gluon
+    from networks import digits_images
+
+    X, y = digits_images()
+    X = X.reshape(len(X), -1)
+    order = np.random.RandomState(0).permutation(len(X))
+    X, y = X[order], y[order]
+    Xt, yt, Xv, yv = X[:1400], y[:1400], X[1400:], y[1400:]
+    np.savez(tmp_path / "digits.npz", Xt=Xt, yt=yt, Xv=Xv, yv=yv)
+    batch, epochs = 50, 10
+    amp_run = json_from_fresh_python(
+        AMP_GLUON_LOOP,
+        LOSS_SCALE_DIGITS=str(tmp_path / "digits.npz"),
+        LOSS_SCALE_BATCH=str(batch),
+        LOSS_SCALE_EPOCHS=str(epochs),
+    )
+    ours = {}
+    for precision in (None, "float16"):
+        mx.random.seed(1)
+        net = gluon.nn.HybridSequential()
+        net.add(gluon.nn.Dense(64), gluon.nn.BatchNorm(), gluon.nn.Activation("relu"))
+        net.add(gluon.nn.Dense(10))
+        net.initialize(mx.init.Xavier())
+        np.random.seed(5)
+        loop = MainLoop(
+            net,
+            mx.io.NDArrayIter(Xt, yt, batch, shuffle=True, label_name="label"),
+            loss=gluon.loss.SoftmaxCrossEntropyLoss(),
+            contexts=[mx.gpu(0)],
+            optimizer_params={"learning_rate": 0.05, "momentum": 0.9},
+            extensions=[FinishAfter(after_n_epochs=epochs)],
+            mixed_precision=precision,
+        ).run()
+        predicted = net(mx.nd.array(Xv)).argmax(axis=1).asnumpy()
+        ours[precision] = (float((predicted == yv).mean()), loop.status)
+        assert all(p.data().dtype == np.float32 for p in net.collect_params().values())
+    accuracy, status = ours["float16"]
+    print("float16 loop:", accuracy, status.skipped_updates, status.loss_scale, "AMP:", amp_run)
+    assert status.loss_scale is not None and 1 <= status.loss_scale <= 2.0**24  # 'auto': dynamic
+    assert np.log2(status.loss_scale) == int(np.log2(status.loss_scale))
+    assert status.updates_done + status.skipped_updates == amp_run["steps"]
+    assert abs(status.skipped_updates - amp_run["skipped"]) <= 2, amp_run
+    assert accuracy >= amp_run["accuracy"] - 0.01, amp_run
+    assert accuracy >= ours[None][0] - 0.01, ours[None][0]
