@@ -40,9 +40,17 @@ the graph without it (:func:`without_loss_scale`): ``Module.load`` and
 The cost: the step must know on the host whether the gradients are finite
 before it updates, so each step waits for its backward pass (one host sync
 per step, as AMP's ``has_overflow``), which a loop without loss scaling
-never does. bfloat16 has float32's exponent range and needs no loss scaling
-(its default is None); it is allowed with float32 and bfloat16 (that is how it
-is tested on CPUs).
+never does. Several devices agree by construction (the check reads every
+device's gradients); under ``dist_sync`` the workers check the same summed
+gradients when they run the optimizer, and agree through the kvstore (one
+small exchange a step) when the servers run it; ``dist_async`` is refused.
+Skipped steps are not counted in ``status.updates_done`` (the schedules'
+count), as AMP's leave the optimizer's update count alone;
+``status.skipped_updates`` counts them and ``status.loss_scale`` is the scale.
+
+bfloat16 has float32's exponent range and needs no loss scaling (its default
+is None); it is allowed with float32 and bfloat16 (that is how it is tested on
+CPUs: float16 needs a GPU).
 """
 
 from __future__ import annotations

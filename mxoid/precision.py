@@ -36,7 +36,9 @@ built (:func:`bfloat16_support`) and refuses with a message naming the CPU's
 flags. ``'float16'`` is MXNet's GPU precision: its CPU operators refuse it
 (``float16 fully connected layer is currently only supported by CuDNN
 version``, ``FP16 gemm on cpu not implemented!``), and the loop refuses it on
-CPU contexts; on GPUs it converts the graphs the same way.
+CPU contexts; on GPUs it converts the graphs the same way, and the loop scales the
+loss dynamically by default (:mod:`mxoid.loss_scale`: float16's small gradients would
+underflow; bfloat16 has float32's range and needs none).
 """
 
 from __future__ import annotations

@@ -69,12 +69,14 @@ class Trajectory(Extension):
             {n: a[k].asnumpy() for n, a in zip(manager.param_names, manager.param_arrays)}
             for k in range(len(manager.contexts))
         ]
+        statistics = {n: a[0].asnumpy() for n, a in zip(manager.aux_names, manager.aux_arrays)}
         states, _ = pickle.loads(loop.optimizer_states())
         states = {i: [s.asnumpy() for s in _flat(v)] for i, v in states.items()}
         status = loop.status
         self.rows.append(
             {
                 "devices": devices,
+                "statistics": statistics,
                 "states": states,
                 "scale": status.loss_scale,
                 "skipped": status.skipped_updates,
@@ -307,7 +309,8 @@ def test_a_rescale_grad_mxnet_cannot_read_exactly_divides_the_gradients_instead(
     one ulp off, and some values (1/43 / 2**18) are read by no nearby text at all."""
     from mxoid.update.loss_scaler import _as_read, exact_rescale
 
-    assert _as_read(1 / 60 / 256) != _as_read(1 / 60) / np.float32(256)
+    target = _as_read(1 / 60) / np.float32(256)
+    assert abs(_as_read(1 / 60 / 256) - target) == np.spacing(target)  # one ulp off
     found = exact_rescale(1 / 60, 256.0)
     assert found is not None and _as_read(found) == _as_read(1 / 60) / np.float32(256)
     assert exact_rescale(1 / 43, 2.0**18) is None
@@ -378,6 +381,9 @@ def test_a_scale_that_overflows_float32_skips_steps_and_halves_until_it_fits(kvs
     for i, skip in enumerate(skipped):
         if skip and i > 0:
             assert_step_skipped(rows[i - 1], rows[i])
+            # BatchNorm's moving statistics took the skipped batch's forward pass, as in AMP.
+            moving = rows[i]["statistics"]["bn1_moving_mean"]
+            assert not np.array_equal(rows[i - 1]["statistics"]["bn1_moving_mean"], moving)
     assert all(
         not np.array_equal(rows[0]["devices"][0][n], rows[-1]["devices"][0][n])
         for n in rows[0]["devices"][0]
