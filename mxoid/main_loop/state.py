@@ -120,9 +120,11 @@ def restore_loop_state(loop: MainLoop, checkpoint: CheckpointContents, stackleve
     status.load_state_dict(state["status"])
     if "updates_done" not in state["status"]:  # mxoid 0.1: one update per batch
         status.updates_done = status.iterations_done
-    scaler = update.loss_scaler
-    if scaler is not None and state.get("loss_scale"):
-        scaler.load_state_dict(state["loss_scale"])
+    scaler, saved_scale = update.loss_scaler, state.get("loss_scale")
+    if scaler is not None and saved_scale:
+        scaler.load_state_dict(saved_scale)
+    elif saved_scale:  # the checkpoint's rescale_grad divided by the run's loss scale: none here
+        update.set_loss_scale(1.0)
     status.loss_scale = None if scaler is None else scaler.scale
     if checkpoint.gradients:
         restore_gradients(loop.manager, checkpoint.gradients)

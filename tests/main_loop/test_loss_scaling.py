@@ -460,7 +460,11 @@ def test_a_run_stopped_and_resumed_mid_epoch_equals_the_uninterrupted_one(tmp_pa
     """Two devices, BatchNorm, Adam; the scale starts overflowing, then grows every 3 steps:
     parameters, statistics, the scale and the skipped steps bit for bit."""
     rule = DynamicLossScale(initial=2.0**127, growth_interval=3, maximum=2.0**127)
-    options = {"optimizer": "adam", "optimizer_params": {"learning_rate": 0.01}}
+    own = 1 / 40  # a rescale_grad of one's own: resumption keeps the checkpoint's optimizer's
+    options = {
+        "optimizer": "adam",
+        "optimizer_params": {"learning_rate": 0.01, "rescale_grad": own},
+    }
 
     def loop(directory, stop, resume=False):
         saving = Checkpoint(str(directory), every_n_batches=4)
@@ -482,6 +486,23 @@ def test_a_run_stopped_and_resumed_mid_epoch_equals_the_uninterrupted_one(tmp_pa
     for name in ("loss_scale", "skipped_updates", "updates_done"):
         assert getattr(again.status, name) == getattr(full.status, name), name
     assert full.status.skipped_updates > 0
+    # A run with a fixed scale (its rescale_grad divided by it) resumed without loss scaling:
+    # the loop's own rescale_grad again, no scale in the status.
+    static = Checkpoint(str(tmp_path / "static"), every_n_batches=3)
+    symbol_loop(
+        TWO_CPUS, 2.0**10, FinishAfter(after_n_batches=6), extensions=[static], **dict(options)
+    ).run()
+    X, y = classification_data(n=200)
+    plain = MainLoop(
+        bn_mlp(),
+        mx.io.NDArrayIter(X, y, batch_size=BATCH, label_name="softmax_label"),
+        contexts=TWO_CPUS,
+        extensions=[FinishAfter(after_n_epochs=4)],
+        resume_from=str(tmp_path / "static"),
+        loss_scale=None,
+        **dict(options),
+    )
+    assert plain.optimizer.rescale_grad == own and plain.status.loss_scale is None
 
 
 def test_checkpoints_hold_the_network_as_given_for_module_and_gluon(tmp_path):
