@@ -680,3 +680,45 @@ def test_float16_on_a_gpu_trains_as_mxnets_amp_gluon_loop(tmp_path):
     assert abs(status.skipped_updates - amp_run["skipped"]) <= 2, amp_run
     assert accuracy >= amp_run["accuracy"] - 0.01, amp_run
     assert accuracy >= ours[None][0] - 0.01, ours[None][0]
+
+
+def test_the_metric_extensions_record_what_they_record_without_loss_scaling():
+    """TrainingMonitoring's private heads and Evaluate's forward passes read the graph with the
+    scale (its forward is exact): the same records, bit for bit; DataCheck still finds the
+    softmax's labels."""
+    from mxoid import DataCheck, Evaluate, TrainingMonitoring
+
+    X, y = classification_data(n=200)
+    logs = {}
+    for scale in (None, "dynamic"):
+        valid = mx.io.NDArrayIter(X[:60], y[:60], batch_size=BATCH, label_name="softmax_label")
+        extensions = [
+            TrainingMonitoring(["acc", "ce"], every_n_batches=5),
+            Evaluate({"valid": valid}, metrics=["acc", "ce"]),
+            DataCheck(),
+        ]
+        loop = symbol_loop(TWO_CPUS, scale, FinishAfter(after_n_epochs=2), extensions=extensions)
+        loop.run()
+        logs[scale] = [
+            {k: v for k, v in loop.log[i].items() if k.startswith(("train_", "valid_"))}
+            for i in loop.log
+        ]
+    assert any(row for row in logs[None]) and logs["dynamic"] == logs[None]
+
+
+@pytest.mark.parametrize("devices", ["one", "two"])
+def test_bfloat16_with_loss_scaling_trains_bit_for_bit_as_without(devices):
+    """bfloat16 needs no loss scaling, but takes it: a power of two commutes with bfloat16's
+    rounding as with float32's (the same exponent range)."""
+    from mxoid.precision import bfloat16_support
+
+    if bfloat16_support() is not None:
+        pytest.skip(f"this CPU does not compute bfloat16 in MXNet's MKLDNN ({bfloat16_support()})")
+    trained = {}
+    for scale in (None, DynamicLossScale(initial=2.0**6, growth_interval=5)):
+        stop = FinishAfter(after_n_epochs=2)
+        loop = symbol_loop(DEVICES[devices], scale, stop, mixed_precision="bfloat16").run()
+        trained[scale is None] = all_values(loop)
+        assert loop.mixed_precision == "bfloat16"
+    assert_identical(trained[False], trained[True])
+    assert loop.status.loss_scale == 2.0**6 * 2**4  # 20 steps, doubled every 5
