@@ -508,15 +508,18 @@ def test_a_run_stopped_and_resumed_mid_epoch_equals_the_uninterrupted_one(tmp_pa
 def test_checkpoints_hold_the_network_as_given_for_module_and_gluon(tmp_path):
     from mxnet import gluon
 
+    from mxoid import ExponentialMovingAverage
+
     loop = symbol_loop(
         [mx.cpu()],
         "dynamic",
         FinishAfter(after_n_epochs=1),
-        extensions=[Checkpoint(str(tmp_path / "s"))],
+        extensions=[Checkpoint(str(tmp_path / "s")), ExponentialMovingAverage(0.9)],
     ).run()
     folder = latest_checkpoint(str(tmp_path / "s")).path
-    with open(os.path.join(folder, "model-symbol.json")) as handle:
-        assert json.loads(handle.read()) == json.loads(bn_mlp().tojson())
+    for name in ("model-symbol.json", "ema-symbol.json"):  # the averaged model's too
+        with open(os.path.join(folder, name)) as handle:
+            assert json.loads(handle.read()) == json.loads(bn_mlp().tojson()), name
     with open(os.path.join(folder, "loop.json")) as handle:
         assert json.load(handle)["loss_scale"] == {
             "scale": 2.0**16,
