@@ -2,11 +2,11 @@
 
 ``MainLoop(..., loss_scale=...)`` multiplies the gradient that enters the
 graph at each loss head by a scale ``s`` and divides the parameters' gradients
-by ``s`` again in the optimizer's ``rescale_grad``: float16's small gradients,
+by ``s`` again in the step (:class:`mxoid.update.LossScaler`): float16's small gradients,
 which would underflow to zero, are computed ``s`` times larger (MXNet's AMP,
 ``mx.contrib.amp``, does the same for Gluon's ``Trainer``). With
 ``loss_scale='dynamic'`` (the default under ``mixed_precision='float16'``) the
-scale follows AMP's rule (:class:`LossScaler`): it starts at ``2**16``; a step
+scale follows AMP's rule (:class:`DynamicLossScale`): it starts at ``2**16``; a step
 whose gradients hold an inf or a NaN on any device is skipped on every device
 (parameters and optimizer states unchanged) and halves the scale; after
 ``growth_interval`` (2000) steps without one it doubles, up to ``2**24``. A
@@ -30,6 +30,9 @@ by a power of two commutes with floating-point rounding, so every gradient
 is ``s`` times the unscaled one bit for bit (barring subnormals and
 overflow), and ``rescale_grad / s`` times it is the unscaled step: float32
 training with a power-of-two scale equals training without one, bit for bit.
+(MXNet reads ``rescale_grad`` from its decimal text, not always exactly: where
+it cannot read ``rescale_grad / s``, the gradients are multiplied by ``1 / s``
+instead, :meth:`mxoid.update.Update.set_loss_scale`.)
 
 ``s`` is one array per device, shared by every executor set of the loop (the
 buckets', the evaluation's); it is no parameter (``grad_req='null'``, not in
@@ -85,11 +88,13 @@ LOSS_OPERATORS = (
 _NO_GRADIENT = ("BlockGrad", "stop_gradient")
 _CASTS = ("amp_cast", "amp_multicast")
 _SCALED = "_mxoid_scaled"  # the suffix of the node that gives a loss operator its input
-DYNAMIC_START, DYNAMIC_MAX, GROWTH_INTERVAL = 2.0**16, 2.0**24, 2000
+DYNAMIC_START, DYNAMIC_MAX, GROWTH_INTERVAL = 2.0**16, 2.0**24, 2000  # AMP's LossScaler's
+FLOAT32_MAX = float(2**128 - 2**104)  # the largest float32: a larger scale would be inf there
 
 BAD_VALUE = (
     "loss_scale={value!r}: give 'dynamic' (AMP's dynamic loss scaling), a positive float "
-    "(a fixed scale, best a power of two) or None (no loss scaling)"
+    "up to float32's largest, 3.4e38 (a fixed scale, best a power of two) or None (no loss "
+    "scaling)"
 )
 NO_LOSS = (
     "loss_scale: the graph has no loss operator to scale ({ops}); its heads are {heads}. End "
@@ -117,7 +122,7 @@ def check_loss_scale(value: Any, mixed_precision: Optional[str]) -> Union[None, 
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(BAD_VALUE.format(value=value))
-    if not 0 < float(value) < float("inf"):
+    if not 0 < float(value) <= FLOAT32_MAX:
         raise ValueError(BAD_VALUE.format(value=value))
     return float(value)
 
@@ -139,12 +144,15 @@ class DynamicLossScale:
     """
 
     def __init__(
-        self, initial: float = 2.0**16, growth_interval: int = 2000, maximum: float = 2.0**24
+        self,
+        initial: float = DYNAMIC_START,
+        growth_interval: int = GROWTH_INTERVAL,
+        maximum: float = DYNAMIC_MAX,
     ) -> None:
-        if not 0 < initial <= maximum or isinstance(growth_interval, bool):
+        if not 0 < initial <= maximum <= FLOAT32_MAX or isinstance(growth_interval, bool):
             raise ValueError(
                 f"DynamicLossScale(initial={initial!r}, maximum={maximum!r}): give "
-                "0 < initial <= maximum"
+                "0 < initial <= maximum <= 3.4e38 (float32's largest)"
             )
         if not isinstance(growth_interval, int) or growth_interval < 1:
             raise ValueError(f"growth_interval must be an int >= 1, got {growth_interval!r}")

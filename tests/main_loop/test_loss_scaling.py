@@ -190,11 +190,14 @@ def test_the_settings_are_checked():
     assert isinstance(check_loss_scale("auto", "float16"), DynamicLossScale)
     assert check_loss_scale("dynamic", None).initial == 2.0**16
     assert check_loss_scale(1024, None) == 1024.0
-    for wrong in ("static", 0, -2.0, float("inf"), True):
+    assert check_loss_scale(2.0**127, None) == 2.0**127
+    for wrong in ("static", 0, -2.0, float("inf"), 2.0**128, True):
         with pytest.raises(ValueError, match="give 'dynamic'.*a positive float.*or None"):
             check_loss_scale(wrong, None)
-    with pytest.raises(ValueError, match="0 < initial <= maximum"):
+    with pytest.raises(ValueError, match="0 < initial <= maximum <= 3.4e38"):
         DynamicLossScale(initial=2.0**30, maximum=2.0**24)
+    with pytest.raises(ValueError, match="float32's largest"):
+        DynamicLossScale(initial=2.0**30, maximum=2.0**128)
     with pytest.raises(ValueError, match="growth_interval must be an int >= 1"):
         DynamicLossScale(growth_interval=0)
 
