@@ -15,6 +15,7 @@ import numpy as np
 from ..distributed.servers import is_asynchronous, is_distributed
 from ..distributed.workers import allreduce_sums
 from ..executor_manager import LOSS_SCALE_INPUT
+from ..executor_manager.waiting import wait_for
 
 if TYPE_CHECKING:  # pragma: no cover
     from .step import Update
@@ -117,6 +118,8 @@ class LossScaler:
             for start in range(0, len(grads), _CHUNK):
                 chunk = grads[start : start + _CHUNK]
                 mx.nd.multi_all_finite(*chunk, num_arrays=len(chunk), init_output=False, out=flag)
+        for flag in self._flags:  # a Ctrl-C meanwhile is handled at once
+            wait_for(flag.wait_to_read)
         overflows = sum(flag.asscalar() != 1 for flag in self._flags)
         if self.agree is not None:
             overflows = self.agree(int(overflows))
