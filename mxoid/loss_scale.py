@@ -21,8 +21,9 @@ loss operator's input ``x`` becomes
 
     ``y = BlockGrad(x) + (x - BlockGrad(x)) * s``
 
-with ``s`` the float32 input :data:`SCALE_NAME` of shape ``(1,)``. Forward, ``x - x``
-is exactly 0 for a finite ``x``, so ``y`` is ``x`` bit for bit and every output
+with ``s`` the float32 input :data:`SCALE_NAME` of shape ``(1,)`` (``x`` is float32
+too: AMP keeps every loss operator in float32, ``FP32_FUNCS``, and casts its input).
+Forward, ``x - x`` is exactly 0 for a finite ``x``, so ``y`` is ``x`` bit for bit and every output
 is as without scaling; backward, the ``BlockGrad`` terms pass nothing back and
 ``x`` gets ``s * dy`` exactly. (``contrib.gradientmultiplier`` multiplies by a
 constant attribute: a changing scale would need new executors.) Multiplying
