@@ -166,7 +166,7 @@ class MainLoop:
         :mod:`mxoid.precision`.
     loss_scale : 'auto', 'dynamic', float, DynamicLossScale or None, default 'auto'
         Loss scaling (:mod:`mxoid.loss_scale`): the loss's gradient multiplied
-        by a scale in the graph and divided out in ``rescale_grad``, a step
+        by a scale in the graph and divided out in the step, a step
         whose gradients overflowed skipped on every device. ``'dynamic'``:
         MXNet AMP's rule (from ``2**16``, halved on an overflow, doubled after
         2000 clean steps; :class:`mxoid.loss_scale.DynamicLossScale` sets the
