@@ -5,7 +5,8 @@
     python install.py -e '.[test]'         # the README's second command
 
 The arguments are those of ``pip install``, passed on as they are. On Python 3.9 to
-3.12 this runs exactly ``python -m pip install ARGUMENTS`` and nothing else.
+3.12 this runs ``python -m pip install ARGUMENTS``, then, for an editable install
+of this clone, the bytecode step below.
 
 On Python 3.13 one step comes first. MXNet 1.9.1's metadata asks for ``numpy<2``,
 but NumPy 1.x has no wheel for Python 3.13 (pip would build NumPy 1.26 from source
@@ -17,6 +18,13 @@ in ``RECORD``), then runs ``pip install ARGUMENTS``: pip then installs MXNet's o
 requirements and the newest NumPy 2.x, and keeps them on later installs. mxoid's
 compatibility layer (``mxoid/compat.py``) is what makes MXNet 1.9.1 run on NumPy 2.
 ``pip install --force-reinstall mxnet`` would bring the cap back.
+
+After an editable install of this clone (``-e .``, ``-e '.[test]'``) it compiles
+mxoid's bytecode (``python -m compileall -q mxoid``), as pip does for a regular
+install: an editable install leaves that to the first import, which never writes
+it where ``PYTHONDONTWRITEBYTECODE`` is set, and every process then compiles
+mxoid's modules again (0.3 to 0.6 s of CPU each: the test suite starts hundreds).
+``--no-compile`` (pip's own option) leaves it out.
 
 It prints every command it runs, and exits with pip's status.
 """
@@ -33,6 +41,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+HERE = Path(__file__).resolve().parent
 MXNET = "mxnet==1.9.1"
 NEEDS_UNCAPPED_NUMPY = (3, 13)
 """From this Python on NumPy 1.x has no wheel, so MXNet's ``numpy<2`` must go."""
@@ -46,6 +55,29 @@ VALUED |= {"--proxy", "--cert", "--timeout", "--retries"}
 def pip(arguments: Sequence[str]) -> int:
     """Run ``python -m pip install ARGUMENTS`` with this interpreter; return its status."""
     command = [sys.executable, "-m", "pip", "install", *arguments]
+    print("$ " + " ".join(command), flush=True)
+    return subprocess.call(command)
+
+
+def editable_clone(arguments: Sequence[str]) -> bool:
+    """Return True when ``arguments`` install this clone in editable mode (and may compile)."""
+    if "--no-compile" in arguments:
+        return False
+    for flag, value in zip(arguments, list(arguments[1:]) + [""]):
+        if flag.startswith("--editable="):
+            flag, value = "-e", flag.split("=", 1)[1]
+        elif flag.startswith("-e") and len(flag) > 2:
+            flag, value = "-e", flag[2:]
+        if flag in ("-e", "--editable"):
+            path = Path(value.split("[", 1)[0] or ".").resolve()
+            if path == HERE:
+                return True
+    return False
+
+
+def compile_bytecode(package: Path) -> int:
+    """Compile ``package``'s bytecode (``python -m compileall -q``); return the status."""
+    command = [sys.executable, "-m", "compileall", "-q", str(package)]
     print("$ " + " ".join(command), flush=True)
     return subprocess.call(command)
 
@@ -159,7 +191,10 @@ def main(arguments: Sequence[str]) -> int:
         status = install_mxnet_uncapped(shared_options(arguments))
         if status:
             return status
-    return pip(arguments)
+    status = pip(arguments)
+    if status == 0 and editable_clone(arguments):
+        status = compile_bytecode(HERE / "mxoid")
+    return status
 
 
 if __name__ == "__main__":

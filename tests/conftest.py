@@ -14,12 +14,42 @@ import pytest  # noqa: E402
 
 from mxoid.metrics import native  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(__file__))
+import scheduling  # noqa: E402
+
 TWO_CPUS = [mx.cpu(0), mx.cpu(1)]
 
 # Built ahead of time, as `mxoid native` does (a first loop would build it in the background
 # and compute with MXNet's operators meanwhile): tests that compare the fused operator with
 # MXNet's need it from their first loop. Where it cannot be built they say so, or skip.
 native.build()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Under ``pytest -n`` (xdist's ``load``): the longest tests first, tests sharing a
+    module-scoped fixture on one worker (:mod:`scheduling`)."""
+    if config.getvalue("dist") == "load":
+        return scheduling.scheduler(config, log)
+    return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: two workers more than the cores this process may use. A third of the
+    suite's tests wait on processes they started (launched jobs, builds, examples): the
+    extra workers run other tests meanwhile."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (cores or 1) + 2
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker: the longest units first (:mod:`scheduling`), the order in which
+    the controller hands them out."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    items[:] = scheduling.longest_first(items)
 
 
 def json_from_fresh_python(script: str, **env: str):

@@ -169,14 +169,53 @@ def test_the_installer_is_pip_install_and_on_313_first_uncaps_mxnet(
     arguments = ["-e", ".[test]", "--no-cache-dir", "-i", "https://example.org/simple"]
     assert install.main(arguments) == 0
     pip = [sys.executable, "-m", "pip", "install"]
+    compiled = [sys.executable, "-m", "compileall", "-q", str(ROOT / "mxoid")]
     if not python_313:
-        assert calls == [pip + arguments]
+        assert calls == [pip + arguments, compiled]
         return
     options = ["--no-cache-dir", "-i", "https://example.org/simple"]
-    assert calls == [pip + ["--no-deps", *options, "mxnet==1.9.1"], pip + arguments]
+    assert calls == [pip + ["--no-deps", *options, "mxnet==1.9.1"], pip + arguments, compiled]
     assert "numpy (>1.16.0)" in (dist_info / "METADATA").read_text()
     out = capsys.readouterr().out
     assert "$ " + " ".join(pip + arguments) in out and "removed the numpy<2 cap" in out
+
+
+@pytest.mark.parametrize(
+    "arguments, compiles",
+    [
+        (["-e", ".[test]"], True),
+        (["--editable", "."], True),
+        (["--editable=.[examples]"], True),
+        (["-e.[test]", "-q"], True),
+        (["-e", ".[test]", "--no-compile"], False),  # pip's own option
+        ([".[test]"], False),  # a regular install: pip compiles
+        (["-e", "/nonexistent/other-clone"], False),  # another project
+    ],
+)
+def test_an_editable_install_of_this_clone_compiles_its_bytecode(monkeypatch, arguments, compiles):
+    install = installer()
+    monkeypatch.chdir(ROOT)
+    assert install.editable_clone(arguments) == compiles
+
+
+def test_the_compiled_bytecode_is_what_a_process_loads(tmp_path):
+    """compileall's files are those the import system reads: with PYTHONDONTWRITEBYTECODE
+    set, a fresh process imports the package from them, compiling nothing."""
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("VALUE = 42\n")
+    assert installer().compile_bytecode(package) == 0
+    cached = list((package / "__pycache__").glob("__init__.*.pyc"))
+    assert len(cached) == 1
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-v", "-c", "import pkg; print(pkg.VALUE)"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and done.stdout == "42\n", done.stderr
+    assert f"code object from '{cached[0]}'" in done.stderr  # not from the source
 
 
 def test_the_installer_stops_when_pip_fails(monkeypatch):
