@@ -34,15 +34,6 @@ def pytest_xdist_make_scheduler(config, log):
     return None
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: two workers more than the cores this process may use. A third of the
-    suite's tests wait on processes they started (launched jobs, builds, examples): the
-    extra workers run other tests meanwhile."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (cores or 1) + 2
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """In an xdist worker: the longest units first (:mod:`scheduling`), the order in which
