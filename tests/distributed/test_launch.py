@@ -50,6 +50,19 @@ def test_output_is_prefixed_and_the_status_is_the_workers(tmp_path, job_env):
     assert "workers finished; stopped scheduler, server 0" in job.stderr
 
 
+@pytest.mark.parametrize("workers, servers", [(3, 2), (5, 1), (1, 4)])
+def test_each_role_gets_distinct_ascending_ports_in_launch_order(workers, servers):
+    """ps-lite ranks the nodes of one host by port: the launcher gives the i-th worker (and
+    server) the i-th smallest of its role's ports, drawn once a role, all different."""
+    job = launch_processes.Job(workers, servers, 1.0, sys.stdout.buffer, sys.stderr.buffer)
+    for role, count in (("worker", workers), ("server", servers)):
+        ports = [int(job.environment(None, role, index=i)["PORT"]) for i in range(count)]
+        assert ports == sorted(ports) and len(set(ports)) == count, (role, ports)
+        again = [int(job.environment(None, role, index=i)["PORT"]) for i in range(count)]
+        assert again == ports  # one draw a role: a later process cannot take another's
+    assert "PORT" not in job.environment(None, "scheduler")  # it binds DMLC_PS_ROOT_PORT
+
+
 def test_a_workers_lines_are_labelled_with_its_rank_on_one_host(tmp_path, job_env):
     # ps-lite's scheduler ranks the workers of one host by port: the launcher gives them
     # ascending ports in launch order, so each worker's label is its rank (kv.rank).
