@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 
-from jobs import ROOT, job_environment, marked_processes  # noqa: E402
+from jobs import ROOT, marked_processes  # noqa: E402
 
 pytestmark = pytest.mark.adversarial
 
@@ -21,12 +21,6 @@ SLEEPER = (
     "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', "
     "'import time; time.sleep(60)']); print('started', flush=True); time.sleep(60)"
 )
-
-
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
 
 
 def agent(*options, code=SLEEPER):

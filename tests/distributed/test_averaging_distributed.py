@@ -5,21 +5,14 @@ from pathlib import Path
 
 import mxnet as mx
 import numpy as np
-import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from dist_worker import data  # noqa: E402
-from jobs import job_environment, run_job  # noqa: E402
+from jobs import run_job  # noqa: E402
 
 from mxoid.checkpoint import latest_checkpoint  # noqa: E402
-
-
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
 
 
 def test_averages_under_dist_sync_equal_numpys_on_every_worker(tmp_path, job_env):

@@ -4,18 +4,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from jobs import job_environment, run_job  # noqa: E402
-
-
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
+from jobs import run_job  # noqa: E402
 
 
 def test_workers_with_batches_in_other_buckets_take_the_same_steps(tmp_path, job_env):

@@ -19,18 +19,12 @@ from mxoid.checkpoint import latest_checkpoint
 SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from jobs import job_environment, run_job  # noqa: E402
+from jobs import run_job  # noqa: E402
 
 pytestmark = pytest.mark.adversarial
 
 WORKER = [sys.executable, SCRIPTS / "dist_worker.py"]
 BOUND = 30  # seconds from the fault to the end of the job
-
-
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
 
 
 def reports(out):

@@ -19,13 +19,7 @@ SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 from gluon_short_worker import BATCH, EPOCHS, WHOLE_BATCHES, data, train  # noqa: E402
-from jobs import job_environment, run_job  # noqa: E402
-
-
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
+from jobs import run_job  # noqa: E402
 
 
 @pytest.fixture(scope="module")

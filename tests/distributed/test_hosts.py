@@ -31,12 +31,6 @@ WORKER = [sys.executable, SCRIPTS / "dist_worker.py"]
 CARRIED = ["MXOID_TEST_MARKER", "PYTHONPATH", "OMP_NUM_THREADS", "MXNET_CPU_WORKER_NTHREADS"]
 
 
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
-
-
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory):
     with stand_in_hosts(tmp_path_factory.mktemp("sshd")) as stand_ins:

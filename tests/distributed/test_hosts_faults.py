@@ -17,7 +17,7 @@ import pytest
 SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from jobs import ROOT, job_environment, marked_processes  # noqa: E402
+from jobs import ROOT, marked_processes  # noqa: E402
 from sshd import stand_in_hosts  # noqa: E402
 
 pytestmark = pytest.mark.adversarial
@@ -26,12 +26,6 @@ WORKER = [sys.executable, str(SCRIPTS / "dist_worker.py")]
 CARRIED = ["MXOID_TEST_MARKER", "PYTHONPATH", "OMP_NUM_THREADS", "MXNET_CPU_WORKER_NTHREADS"]
 GRACE = 1.0
 BOUND = 2 * GRACE + 5 + 5  # the stated bound, plus 5 s for a loaded 2-core machine
-
-
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
 
 
 @pytest.fixture(scope="module")

@@ -25,16 +25,10 @@ SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import dist_worker  # noqa: E402
-from jobs import job_environment, results, run_job  # noqa: E402
+from jobs import results, run_job  # noqa: E402
 
 WORKER = [sys.executable, SCRIPTS / "dist_worker.py"]
 SECONDS_TO_STOP = 20  # from the failure to the launcher's return, on a loaded 2-core machine
-
-
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
 
 
 @pytest.fixture(scope="module")

@@ -19,15 +19,9 @@ from mxoid.distributed.launch import main
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 
-from jobs import ROOT, job_environment, marked_processes, run_job
+from jobs import ROOT, marked_processes, run_job
 
 PYTHON = sys.executable
-
-
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
 
 
 def python(code):

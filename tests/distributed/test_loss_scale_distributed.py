@@ -16,13 +16,7 @@ import pytest
 SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from jobs import job_environment, run_job  # noqa: E402
-
-
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
+from jobs import run_job  # noqa: E402
 
 
 def train(tmp_path, name, where, scale, poison=0, kvstore="dist_sync"):

@@ -23,7 +23,7 @@ from mxoid.checkpoint import latest_checkpoint
 SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from jobs import job_environment, results, run_job  # noqa: E402
+from jobs import results, run_job  # noqa: E402
 
 pytestmark = pytest.mark.adversarial
 
@@ -34,12 +34,6 @@ ROWS, BATCH = 200, 10  # dist_worker.py's training rows, and its batch on each w
 NOT_IDENTICAL = "the continuation is not bit-identical to the original job"
 
 _first = {}  # place -> the first job's checkpoint directory (2 workers, stopped at batch 14)
-
-
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
 
 
 def first_job(tmp_path_factory, place):

@@ -29,7 +29,7 @@ from mxoid.checkpoint import latest_checkpoint
 SCRIPTS = Path(__file__).parent / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
-from jobs import job_environment, marked_processes, results, run_job  # noqa: E402
+from jobs import marked_processes, results, run_job  # noqa: E402
 
 pytestmark = pytest.mark.adversarial
 
@@ -41,12 +41,6 @@ BATCH_12 = "checkpoint-*-epoch0001-batch00000012"  # a checkpoint's folder: mid-
 SECONDS = 60  # a generous bound for any one step of these tests on a loaded machine
 
 _uninterrupted = {}  # (optimizer, options, servers) -> (rank 0's parameters, rank 1's)
-
-
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
 
 
 def command(out, directory, optimizer, options=EXACT):

@@ -22,18 +22,12 @@ from mxoid.distributed.slurm import SlurmError, slurm_port, slurm_task
 
 sys.path.insert(0, str(Path(__file__).parent / "scripts"))
 
-from jobs import ROOT, job_environment, marked_processes  # noqa: E402
+from jobs import ROOT, marked_processes  # noqa: E402
 
 CHECK_TIMEOUT = 20
 BOUND = CHECK_TIMEOUT + 10  # the README's bound
 LAUNCH = [sys.executable, "-m", "mxoid.distributed.launch", "--slurm"]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
-
-
-@pytest.fixture
-def job_env(monkeypatch):
-    with job_environment(monkeypatch) as marker:
-        yield marker
 
 
 def slurm_env(procid, ntasks=4, job="4242", **more):
