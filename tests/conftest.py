@@ -43,6 +43,20 @@ def pytest_collection_modifyitems(config, items):
     items[:] = scheduling.longest_first(items)
 
 
+@pytest.fixture
+def job_env(monkeypatch):
+    """For the tests of launched jobs (tests/distributed): the marker of this test's
+    processes (every one is gone at the end, or the test fails) and their one-thread
+    settings (``jobs.job_environment``)."""
+    scripts = os.path.join(os.path.dirname(__file__), "distributed", "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    from jobs import job_environment
+
+    with job_environment(monkeypatch) as marker:
+        yield marker
+
+
 def json_from_fresh_python(script: str, **env: str):
     """Run ``script`` in a fresh Python with these environment variables (one OpenMP
     thread); return the JSON object of its last line of output."""
