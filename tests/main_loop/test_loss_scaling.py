@@ -96,11 +96,12 @@ def _flat(value):
 
 def symbol_loop(contexts, scale, stop, kvstore="local", update_on_kvstore=None, **options):
     X, y = options.pop("data", None) or classification_data(n=200)
+    net = options.pop("net", None)
     np.random.seed(5)
     mx.random.seed(1)
     train = mx.io.NDArrayIter(X, y, batch_size=BATCH, shuffle=True, label_name="softmax_label")
     return MainLoop(
-        options.pop("net", None) or bn_mlp(),
+        bn_mlp() if net is None else net,
         train,
         contexts=contexts,
         optimizer=options.pop("optimizer", "sgd"),
@@ -230,6 +231,39 @@ def test_float32_with_a_power_of_two_scale_trains_bit_for_bit_as_without(devices
         for key, gradient in plain_gradients.items():
             np.testing.assert_array_equal(gradients[key], gradient * final, err_msg=key)
         assert loop.status.updates_done == plain.status.updates_done == 30
+
+
+def dropout_bn_mlp():
+    """A perceptron with BatchNorm and Dropout (its masks from MXNet's generator)."""
+    data = mx.sym.Variable("data")
+    hidden = mx.sym.FullyConnected(data, num_hidden=16, name="fc1")
+    hidden = mx.sym.BatchNorm(hidden, fix_gamma=False, name="bn1")
+    hidden = mx.sym.Dropout(mx.sym.Activation(hidden, act_type="relu"), p=0.3, name="drop1")
+    logits = mx.sym.FullyConnected(hidden, num_hidden=3, name="fc2")
+    return mx.sym.SoftmaxOutput(logits, name="softmax")
+
+
+def test_dropout_and_batchnorm_on_two_devices_with_validation_train_bit_for_bit_as_without():
+    """Dropout draws the same masks with the scale in the graph (it adds no random draw), and
+    Evaluate at the training batch size reads the same outputs: parameters, statistics and
+    records equal."""
+    from mxoid import Evaluate
+
+    X, y = classification_data(n=200)
+    results = {}
+    for scale in (None, "dynamic"):
+        valid = mx.io.NDArrayIter(X[:60], y[:60], batch_size=BATCH, label_name="softmax_label")
+        evaluate = Evaluate({"valid": valid}, metrics=["acc", "ce"])
+        stop = FinishAfter(after_n_epochs=2)
+        loop = symbol_loop(TWO_CPUS, scale, stop, net=dropout_bn_mlp(), extensions=[evaluate])
+        loop.run()
+        records = [
+            {k: v for k, v in loop.log[i].items() if k.startswith("valid_")} for i in loop.log
+        ]
+        results[scale] = (all_values(loop), records, loop.status.updates_done)
+    assert any(results[None][1]) and results["dynamic"][1] == results[None][1]
+    assert results["dynamic"][2] == results[None][2] == 20
+    assert_identical(results["dynamic"][0], results[None][0])
 
 
 def test_adam_and_accumulated_batches_train_bit_for_bit_as_without():
