@@ -12,6 +12,7 @@ the engine before that read; nothing else of ``Module`` changes.
 import logging
 import os
 import shutil
+import threading
 
 import mxnet as mx
 import numpy as np
@@ -154,27 +155,84 @@ def test_mobilenet_with_evaluation_equals_module_fit_with_eval_data(devices, fus
     assert_same(ours[1], theirs[1])
 
 
+class BackwardGate(mx.operator.CustomOp):
+    """The identity, whose backward pass waits for :data:`GATE` (at most a minute)."""
+
+    def forward(self, is_train, req, in_data, out_data, aux):
+        self.assign(out_data[0], req[0], in_data[0])
+
+    def backward(self, req, out_grad, in_data, out_data, in_grad, aux):
+        GATE.wait(timeout=60)
+        self.assign(in_grad[0], req[0], out_grad[0])
+
+
+@mx.operator.register("mxoid_backward_gate")
+class BackwardGateProp(mx.operator.CustomOpProp):
+    def __init__(self):
+        super().__init__(need_top_grad=True)
+
+    def create_operator(self, ctx, shapes, dtypes):
+        return BackwardGate()
+
+
+GATE = threading.Event()
+
+
+class GateOpeningModule(mx.mod.Module):
+    """Stock ``Module``, but it opens :data:`GATE` once its epoch-end ``get_params()`` has
+    returned (its copies pushed to the engine, not waited for)."""
+
+    def get_params(self):
+        params = super().get_params()
+        GATE.set()
+        return params
+
+
 def test_module_fit_itself_saves_stale_batchnorm_statistics():
-    """What the README says of Module.fit. ResNet-20 on 3x28x28 images, one epoch: at the
-    epoch end Module.fit copies the statistics while the last backward pass is still
-    writing them, and writes the stale copy back; mxoid waits (and equals the waiting
-    Module, above)."""
+    """What the README says of Module.fit. ResNet-20 on 3x28x28 images, one epoch of three
+    batches: at the epoch end Module.fit copies the statistics while the last backward pass
+    is still writing them, and writes the stale copy back; mxoid waits (and equals the
+    waiting Module, above).
+
+    How long the last backward pass runs decides whether the race shows: here the
+    backward pass of the last batch is held (an identity operator before the loss waits
+    for a gate) until Module.fit has pushed its copy, as a slower device or a busy machine
+    holds it. Were MXNet's copy ordered after the backward pass, it would wait for the
+    gate, see the new statistics, and this test would fail."""
     net = resnet20()
+    fc, label = net.get_children()
+    gated = mx.sym.SoftmaxOutput(
+        mx.sym.Custom(fc, op_type="mxoid_backward_gate"), label, name="softmax"
+    )
     rng = np.random.RandomState(0)
     X, y = rng.rand(96, 3, 28, 28).astype("float32"), rng.randint(0, 10, 96).astype("float32")
     args, aux = initial_params(net, (BATCH, 3, 28, 28))
+
+    def close_gate_before_last_batch(params):
+        if params.nbatch == 1:
+            GATE.clear()
+
     results = {}
-    for name, module_class in (("waiting", WaitingModule), ("stock", mx.mod.Module)):
-        module = module_class(net, context=[mx.cpu()], logger=logging.getLogger("quiet"))
-        module.fit(
-            mx.io.NDArrayIter(X, y, BATCH, label_name="softmax_label"),
-            num_epoch=1,
-            optimizer="sgd",
-            optimizer_params=dict(OPTIMIZER_PARAMS),
-            arg_params=args,
-            aux_params=aux,
-        )
-        mx.nd.waitall()
+    runs = (
+        ("waiting", WaitingModule, net, None),
+        ("stock", GateOpeningModule, gated, close_gate_before_last_batch),
+    )
+    GATE.set()
+    for name, module_class, symbol, callback in runs:
+        module = module_class(symbol, context=[mx.cpu()], logger=logging.getLogger("quiet"))
+        try:
+            module.fit(
+                mx.io.NDArrayIter(X, y, BATCH, label_name="softmax_label"),
+                num_epoch=1,
+                optimizer="sgd",
+                optimizer_params=dict(OPTIMIZER_PARAMS),
+                arg_params=args,
+                aux_params=aux,
+                batch_end_callback=callback,
+            )
+            mx.nd.waitall()
+        finally:
+            GATE.set()
         results[name] = host(module.get_params()[1])
     loop = MainLoop(
         net,
