@@ -223,8 +223,8 @@ def digits_splits(seed: int = 0, valid: float = 0.15, test: float = 0.15) -> Dic
     try:
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
-    except ImportError:
-        raise SystemExit(f"error: {EXAMPLES_EXTRA}") from None
+    except ImportError as error:
+        raise SystemExit(f"error: {EXAMPLES_EXTRA}") from error
     digits = load_digits()
     images = (digits.images / 16.0).astype("float32")[:, None, :, :]
     labels = digits.target.astype("float32")

@@ -1,7 +1,6 @@
 """The ``mxoid`` command: ``show`` and ``plot`` on real logs, and every bad input."""
 
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -9,7 +8,7 @@ from pathlib import Path
 
 import mxnet as mx
 import pytest
-from conftest import classification_data, mlp
+from conftest import classification_data, full_environment, mlp
 
 from mxoid import (
     Checkpoint,
@@ -31,7 +30,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def digits_log(tmp_path_factory):
     """The JSON-lines log of a real run of the digits example (3 epochs of the MLP)."""
     folder = tmp_path_factory.mktemp("digits")
-    env = dict(os.environ, OMP_NUM_THREADS="1", MXNET_SUBGRAPH_VERBOSE="0")
+    env = full_environment(OMP_NUM_THREADS="1", MXNET_SUBGRAPH_VERBOSE="0")  # the digits
     subprocess.run(
         [
             sys.executable,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import full_environment
 
 from mxoid.log.files import read_log
 
@@ -47,7 +48,7 @@ SCRIPTS = (
 
 def example_env():
     """As a user runs them: without MXNET_SUBGRAPH_VERBOSE, which the examples set themselves."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env = full_environment(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")  # the digits: sklearn
     env.pop("DMLC_ROLE", None)
     env.pop("MXNET_SUBGRAPH_VERBOSE", None)
     return env
@@ -795,7 +796,7 @@ def test_a_fresh_clone_skips_the_mnist_tests_saying_how_to_run_them(tmp_path):
         if (root / name).is_file():
             (clone / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / name, clone / name)
-    env = {k: v for k, v in os.environ.items() if k != MNIST_VARIABLE}
+    env = {k: v for k, v in full_environment().items() if k != MNIST_VARIABLE}
     done = subprocess.run(
         [
             sys.executable,

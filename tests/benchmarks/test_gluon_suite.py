@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import full_environment
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "benchmarks")
 RUN = os.path.join(BENCHMARKS, "run.py")
@@ -34,6 +35,7 @@ def report(tmp_path_factory):
     path = tmp_path_factory.mktemp("gluon") / "gluon.json"
     done = subprocess.run(
         [sys.executable, RUN, "gluon", "--check", "--json", str(path), "--quiet"],
+        env=full_environment(),  # its workers load the digits with scikit-learn
         capture_output=True,
         text=True,
         timeout=600,

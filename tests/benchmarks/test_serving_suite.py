@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import full_environment
 
 pytest.importorskip("onnxruntime", reason="the serving suite needs onnxruntime: mxoid[onnx]")
 
@@ -25,6 +26,7 @@ def report(tmp_path_factory):
     path = tmp_path_factory.mktemp("serving") / "serving.json"
     done = subprocess.run(
         [sys.executable, RUN, "serving", "--check", "--json", str(path)],
+        env=full_environment(),  # its workers load the digits with scikit-learn
         capture_output=True,
         text=True,
         timeout=600,

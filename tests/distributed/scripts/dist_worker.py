@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 
 import mxnet as mx
@@ -98,6 +99,21 @@ class Slow(Extension):
         time.sleep(self.seconds)
 
 
+class Hold(Extension):
+    """After batch ``at`` and its checkpoint (Checkpoint's priority is 200): wait until
+    killed, so that a kill lands after that checkpoint and before the next, without
+    sleeping through the batches before it."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__(priority=300)
+        self.at = at
+
+    def after_batch(self, batch):
+        if self.main_loop.status.iterations_done == self.at:
+            print(f"HOLDING after batch {self.at}", flush=True)
+            threading.Event().wait()
+
+
 class Touch(Extension):
     """Writes ``<out>/<name>_rank<r>`` after training."""
 
@@ -127,6 +143,7 @@ def main(argv=None) -> None:
     )
     parser.add_argument("--seconds-on-rank-0", type=float, help="FinishAfter(seconds=) on rank 0")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds to sleep per batch")
+    parser.add_argument("--hold-after", type=int, help="wait to be killed after this batch")
     parser.add_argument("--checkpoint", help="a Checkpoint directory")
     parser.add_argument("--log", help="a JSONLinesLog path")
     parser.add_argument("--accumulate", type=int, default=1, help="accumulate_batches")
@@ -187,6 +204,8 @@ def main(argv=None) -> None:
         extensions.append(Slow(args.delay))
     if args.checkpoint:
         extensions.append(Checkpoint(args.checkpoint, every_n_batches=args.checkpoint_every))
+    if args.hold_after:
+        extensions.append(Hold(args.hold_after))
     if args.log:
         extensions.append(JSONLinesLog(args.log))
     contexts = "cpu" if args.bad_argument_on_rank == kv.rank else None
