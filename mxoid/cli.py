@@ -21,19 +21,26 @@ error on standard error and exit status 1; bad usage gets status 2.
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import math
 import os
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from . import __version__
 from .errors import InputError
 from .export.commands import add_commands as add_export_commands
 from .log.curves import SPLITS as SPLITS  # importable from here, as before
 from .log.curves import epoch_positions, metric_families
-from .log.files import EPOCHS_DONE, ITERATION, RUN, continued_rows, parse_log_file, read_log
-from .log.records import TIMING_RECORDS, is_marker
+from .log.files import ITERATION, RUN, continued_rows, parse_log_file
+from .log.table import (
+    format_table,
+    is_number,
+    numeric_record,
+    plot_records,
+    read_rows,
+    select_records,
+    split_names,
+)
 
 __all__ = [
     "PLOT_EXTRA",
@@ -58,107 +65,8 @@ training job, average checkpoints, or export a trained model (ONNX, int8).
 Exit status: 0 on success, 1 for bad input (missing file, empty log, not a
 log, unknown record), 2 for bad usage."""
 
-_CELL_WIDTH = 40
-
-
-# ------------------------------------------------------------------ reading
-def _load(path: str, all_runs: bool = False) -> List[Dict[str, Any]]:
-    try:
-        rows = read_log(path, all_runs=all_runs)
-    except IsADirectoryError:
-        raise InputError(f"{path}: is a folder, not a log file") from None
-    except OSError as error:
-        raise InputError(f"{path}: {error.strerror or error}") from None
-    except ValueError as error:
-        raise InputError(str(error)) from None
-    if not rows:
-        raise InputError(f"{path}: the log holds no rows yet (only a run header)")
-    return rows
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _record_names(rows: Sequence[Dict[str, Any]]) -> List[str]:
-    """Every record name, in the order they first appear."""
-    names: Dict[str, None] = {}
-    for row in rows:
-        names.update((name, None) for name in row if name not in (RUN, ITERATION, EPOCHS_DONE))
-    return list(names)
-
-
-def _numeric(rows: Sequence[Dict[str, Any]], name: str) -> bool:
-    values = [row[name] for row in rows if row.get(name) is not None]
-    return bool(values) and all(_is_number(value) for value in values)
-
-
-def select_records(
-    rows: Sequence[Dict[str, Any]], wanted: Optional[Sequence[str]], path: str = "the log"
-) -> List[str]:
-    """Return the records to show.
-
-    They are ``wanted`` (names or shell patterns such as ``'valid_*'``, in
-    that order), or by default every record holding numbers.
-
-    Raises
-    ------
-    InputError
-        For a name the log does not hold or a pattern that matches nothing.
-    """
-    names = _record_names(rows)
-    if not wanted:
-        chosen = [name for name in names if _numeric(rows, name)]
-        if not chosen:
-            raise InputError(
-                f"{path}: no record holds numbers; its records are {', '.join(names) or 'none'}"
-            )
-        return chosen
-    chosen: List[str] = []
-    for item in wanted:
-        if any(char in item for char in "*?["):
-            matched = [name for name in names if fnmatch.fnmatchcase(name, item)]
-            if not matched:
-                raise InputError(
-                    f"{path}: no record matches {item!r}; its records are {', '.join(names)}"
-                )
-        elif item in names:
-            matched = [item]
-        else:
-            raise InputError(f"{path}: unknown record {item!r}; its records are {', '.join(names)}")
-        chosen += [name for name in matched if name not in chosen]
-    return chosen
-
-
-def _split_names(values: Optional[Sequence[str]]) -> Optional[List[str]]:
-    if not values:
-        return None
-    return [name for value in values for name in value.split(",") if name]
-
 
 # -------------------------------------------------------------------- show
-def _cell(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.6g}" if math.isfinite(value) else str(value)
-    text = str(value)
-    return text if len(text) <= _CELL_WIDTH else text[: _CELL_WIDTH - 3] + "..."
-
-
-def format_table(
-    rows: Sequence[Dict[str, Any]], records: Sequence[str], all_runs: bool = False
-) -> str:
-    """Return the rows holding any of ``records`` as a text table, a line per row."""
-    columns = ([RUN] if all_runs else []) + [ITERATION, EPOCHS_DONE] + list(records)
-    shown = [row for row in rows if any(row.get(name) is not None for name in records)]
-    cells = [[_cell(row.get(name)) for name in columns] for row in shown]
-    widths = [max([len(name)] + [len(line[i]) for line in cells]) for i, name in enumerate(columns)]
-    lines = ["  ".join(name.rjust(width) for name, width in zip(columns, widths))]
-    lines += ["  ".join(cell.rjust(width) for cell, width in zip(line, widths)) for line in cells]
-    return "\n".join(lines)
-
-
 def show(args: argparse.Namespace) -> int:
     """``mxoid show``: print the table of ``args.log``; return the exit status.
 
@@ -167,26 +75,13 @@ def show(args: argparse.Namespace) -> int:
     InputError
         For a missing, empty or unreadable log, or an unknown record.
     """
-    rows = _load(args.log, all_runs=args.all_runs)
-    records = select_records(rows, _split_names(args.records), args.log)
+    rows = read_rows(args.log, all_runs=args.all_runs)
+    records = select_records(rows, split_names(args.records), args.log)
     print(format_table(rows, records, all_runs=args.all_runs))
     return 0
 
 
 # -------------------------------------------------------------------- plot
-def plot_records(rows: Sequence[Dict[str, Any]]) -> List[str]:
-    """Return the records ``mxoid plot`` draws by default: the numeric ones that measure.
-
-    Markers (``<record>_best_iteration``, ``<record>_new_best``,
-    ``<record>_best_checkpoint``) and the timings of Timing are left out.
-    """
-    return [
-        name
-        for name in _record_names(rows)
-        if _numeric(rows, name) and not is_marker(name) and name not in TIMING_RECORDS
-    ]
-
-
 def _run_title(path: str) -> str:
     """Name the run a log file holds: the file, the run number, when it started."""
     contents = parse_log_file(path)
@@ -219,13 +114,13 @@ def plot(args: argparse.Namespace) -> int:
         from matplotlib.ticker import MaxNLocator
     except ImportError:
         raise InputError(PLOT_EXTRA) from None
-    logs = [(path, _load(path)) for path in args.logs]
-    wanted = _split_names(args.records)
+    logs = [(path, read_rows(path)) for path in args.logs]
+    wanted = split_names(args.records)
     records: List[str] = []
     for path, rows in logs:
         chosen = select_records(rows, wanted, path) if wanted else plot_records(rows)
         for name in chosen:
-            if not _numeric(rows, name):
+            if not numeric_record(rows, name):
                 raise InputError(f"{path}: record {name!r} holds no numbers; it cannot be plotted")
         records += [name for name in chosen if name not in records]
     if not records:
@@ -246,7 +141,7 @@ def plot(args: argparse.Namespace) -> int:
                 positions = [float(row[ITERATION]) for row in rows]
             for label, name in members:
                 points = [
-                    (x, row[name]) for x, row in zip(positions, rows) if _is_number(row.get(name))
+                    (x, row[name]) for x, row in zip(positions, rows) if is_number(row.get(name))
                 ]
                 if not points:
                     continue

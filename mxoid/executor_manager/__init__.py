@@ -4,6 +4,7 @@
   executors, the sets bound on first use for other inputs, the parameters;
 - :mod:`.executor_set`: :class:`ExecutorSet`: the executors of one symbol for
   one set of input shapes;
+- :mod:`.binding`: how a set binds its executors (its own arrays, or a shared set's);
 - :mod:`.outputs`: the outputs by name (:class:`OutputArrays`);
 - :mod:`.devices`: the contexts, the split of a batch, MXNet's random generators;
 - :mod:`.private_heads`: outputs the executors compute for mxoid;

@@ -9,53 +9,20 @@ set's parameter, gradient and auxiliary arrays and its memory pool, as
 
 from __future__ import annotations
 
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import mxnet as mx
 import numpy as np
 
 from ..errors import clean_mxnet_message
+from .binding import DataDescLike, as_descs, batch_size_of, bind_own, bind_shared, check_input_names
 from .devices import forward_work_load, split_batch
-from .initialization import fixed_gammas
 from .invoke import PreparedCopy, backward_pass, forward_pass
 from .outputs import OutputArrays, metric_output_names, output_short_name
-from .private_heads import LOSS_SCALE_INPUT, RUNNING_SUMS_PREFIX, PrivateHeads
+from .private_heads import LOSS_SCALE_INPUT, PrivateHeads
 from .waiting import wait_for
 
-__all__ = ["DataDescLike", "ExecutorSet", "as_descs"]
-
-DataDescLike = Union[mx.io.DataDesc, Tuple[str, Tuple[int, ...]]]
-
-
-def as_descs(shapes: Optional[Iterable[DataDescLike]]) -> List[mx.io.DataDesc]:
-    """Return ``DataDesc`` objects for descriptions or ``(name, shape)`` pairs."""
-    descs = []
-    for item in shapes or ():
-        if isinstance(item, mx.io.DataDesc):
-            descs.append(item)
-        else:
-            descs.append(mx.io.DataDesc(item[0], tuple(item[1])))
-    return descs
-
-
-def _same_shape(array: mx.nd.NDArray, shape: Sequence[int], name: str) -> mx.nd.NDArray:
-    """Return the shared ``array`` of ``name``, which must have the ``shape`` these inputs give."""
-    if array.shape != tuple(shape):
-        raise ValueError(
-            f"parameter {name!r} has shape {tuple(shape)} for these inputs but "
-            f"{array.shape} in the executors it shares; it cannot be shared"
-        )
-    return array
-
-
-def _own_aux(name: str, shape: Sequence[int], ctx: mx.Context, dtype: Any) -> mx.nd.NDArray:
-    """Return a set's own auxiliary state: a private head's sums, never a network's."""
-    if not name.startswith(RUNNING_SUMS_PREFIX):
-        raise ValueError(
-            f"auxiliary state {name!r} of these inputs is not in the executors they share; "
-            "it cannot be shared"
-        )
-    return mx.nd.zeros(shape, ctx, dtype=dtype)
+__all__ = ["ExecutorSet"]
 
 
 class ExecutorSet:
@@ -147,7 +114,7 @@ class ExecutorSet:
         self.label_names = [d.name for d in self.label_descs]
         self.arg_names = symbol.list_arguments()
         self.aux_names = symbol.list_auxiliary_states()
-        self._check_input_names()
+        check_input_names(self.arg_names, self.data_names, self.label_names)
         inputs = set(self.data_names) | set(self.label_names) | {LOSS_SCALE_INPUT}
         self.param_names = [n for n in self.arg_names if n not in inputs]
         self.fixed_param_names = list(fixed_param_names)
@@ -155,7 +122,7 @@ class ExecutorSet:
         self.for_training = for_training
         self.output_names = [output_short_name(n) for n in symbol.list_outputs()]
         self.metric_outputs = metric_output_names(symbol)
-        self.batch_size = self._check_batch_size()
+        self.batch_size = batch_size_of(self.data_descs, self.label_descs)
         contexts, work_load_list = list(contexts), list(work_load_list)
         if not self.for_training or shared is not None:  # the first devices, for fewer rows
             work_load_list = forward_work_load(self.batch_size, work_load_list)
@@ -167,38 +134,24 @@ class ExecutorSet:
         self._idle_grads = self._grads_left_out()
 
     # ------------------------------------------------------------------ binding
-    def _check_input_names(self) -> None:
-        known = set(self.arg_names)
-        for kind, names in (("data", self.data_names), ("label", self.label_names)):
-            for name in names:
-                if name not in known:
-                    raise ValueError(
-                        f"the iterator provides {kind} {name!r}, which the symbol does not take; "
-                        f"the symbol's arguments are {self.arg_names}. Rename the iterator's "
-                        f"{kind} (e.g. NDArrayIter(..., {kind}_name=...)) to match the symbol"
-                    )
-        given = set(self.data_names) | set(self.label_names)
-        missing = [
-            n
-            for n in self.arg_names
-            if n not in given and (n.endswith("_label") or n in ("data", "label"))
-        ]
-        if missing:
-            raise ValueError(
-                f"the symbol takes {missing} as input but the iterator provides only "
-                f"{sorted(given)}; name the iterator's data and label after the symbol's inputs"
-            )
+    def _bind(self, device: int, ctx: mx.Context) -> mx.executor.Executor:
+        shapes, types = self._input_shapes(device)
+        tallies = self._private.tally_names
 
-    def _check_batch_size(self) -> int:
-        batch_size = int(self.data_descs[0].shape[0])
-        for desc in self.data_descs + self.label_descs:
-            if not desc.shape or desc.shape[0] != batch_size:
-                raise ValueError(
-                    f"the symbol rejects the input shapes: {desc.name!r} has shape "
-                    f"{tuple(desc.shape)} but {self.data_names[0]!r} has a batch of "
-                    f"{batch_size}; every input needs the batch size as its first dimension"
-                )
-        return batch_size
+        def grad_req(name: str) -> str:
+            return self._grad_req(name, shapes)
+
+        try:
+            if self.shared is None:
+                return bind_own(self.bound_symbol, ctx, shapes, types, grad_req, tallies)
+            base = self.shared.executors[device]
+            return bind_shared(
+                self.bound_symbol, base, ctx, shapes, types, grad_req, tallies, self.for_training
+            )
+        except (mx.base.MXNetError, RuntimeError) as error:
+            raise ValueError(
+                f"the symbol rejects the input shapes {shapes}: {clean_mxnet_message(error)}"
+            ) from None
 
     def _grad_req(self, name: str, inputs: Mapping[str, tuple]) -> str:
         """Return how ``name``'s gradient is written: ``'null'`` or ``grad_req``.
@@ -217,102 +170,6 @@ class ExecutorSet:
         shapes = {d.name: (rows,) + tuple(d.shape[1:]) for d in self.data_descs + self.label_descs}
         types = {d.name: d.dtype for d in self.data_descs + self.label_descs}
         return shapes, types
-
-    def _bind(self, device: int, ctx: mx.Context) -> mx.executor.Executor:
-        shapes, types = self._input_shapes(device)
-        try:
-            if self.shared is None:
-                names = self.bound_symbol.list_arguments()  # the heads' after the symbol's
-                grad_req = {n: self._grad_req(n, shapes) for n in names}
-                executor = self.bound_symbol.simple_bind(
-                    ctx, grad_req=grad_req, type_dict=types, **shapes
-                )
-                return self._with_tallies(executor, ctx, grad_req)
-            return self._bind_shared(device, ctx, shapes, types)
-        except (mx.base.MXNetError, RuntimeError) as error:
-            raise ValueError(
-                f"the symbol rejects the input shapes {shapes}: {clean_mxnet_message(error)}"
-            ) from None
-
-    def _with_tallies(
-        self, executor: mx.executor.Executor, ctx: mx.Context, grad_req: Dict[str, str]
-    ) -> mx.executor.Executor:
-        """Bind again with each tally's gradient array its argument's own (see ``TALLY_SUFFIX``).
-
-        ``simple_bind`` gives every argument a gradient array of its own; the
-        executor bound again takes the same arrays and memory pool.
-        """
-        tallies = self._private.tally_names
-        if not tallies:
-            return executor
-        grads = {n: g for n, g in executor.grad_dict.items() if g is not None}
-        for name in tallies:
-            grads[name] = executor.arg_dict[name]
-            grads[name][:] = 0
-        return self.bound_symbol.bind(
-            ctx,
-            args=executor.arg_dict,
-            args_grad=grads,
-            grad_req=grad_req,
-            aux_states=executor.aux_dict,
-            shared_exec=executor,
-        )
-
-    def _bind_shared(
-        self, device: int, ctx: mx.Context, shapes: Dict[str, tuple], types: Dict[str, np.dtype]
-    ) -> mx.executor.Executor:
-        """Bind on device ``device`` with the arrays of the shared set's executor, by name.
-
-        Its parameters are bound with the shared gradient arrays even for forward
-        passes only (no memory is added): an executor bound with
-        ``grad_req='null'`` is fused by MXNet's MKLDNN subgraph backend, which
-        caches the weights at its first forward and then silently uses stale
-        weights. A private head's arrays (running sums, switches) are the set's
-        own, each set's sums read apart; a tally (one count over every set) is
-        shared where the shared set has it.
-        """
-        base = self.shared.executors[device]
-        symbol = self.bound_symbol
-        arg_shapes, _, aux_shapes = symbol.infer_shape(**shapes)
-        arg_types, _, aux_types = symbol.infer_type(**types)
-        # A forward pass writes 1 into a fixed gamma: never into the training one.
-        fixed = set() if self.for_training else set(fixed_gammas(symbol))
-        args, grads, grad_req = {}, {}, {}
-        for name, shape, dtype in zip(symbol.list_arguments(), arg_shapes, arg_types):
-            private = name.startswith(RUNNING_SUMS_PREFIX)
-            theirs = base.arg_dict.get(name)
-            tally = name in self._private.tally_names
-            if private and (theirs is None or theirs.shape != tuple(shape) or not tally):
-                args[name] = mx.nd.zeros(shape, ctx, dtype=dtype)
-                grad_req[name] = self._grad_req(name, shapes)
-                if grad_req[name] != "null":  # the set's own sums
-                    grads[name] = args[name] if tally else mx.nd.zeros(shape, ctx, dtype=dtype)
-                continue
-            if name in shapes or name in fixed or theirs is None:  # inputs, fixed gammas
-                create = mx.nd.ones if name in fixed else mx.nd.zeros
-                args[name] = create(shape, ctx, dtype=dtype)
-                grad_req[name] = "null"
-                continue
-            args[name] = _same_shape(theirs, shape, name)
-            if base.grad_dict.get(name) is None:  # a fixed parameter, a head's switch
-                grad_req[name] = "null"
-            else:
-                grads[name] = base.grad_dict[name]
-                grad_req[name] = self._grad_req(name, shapes) if self.for_training else "write"
-        aux_states = [
-            base.aux_dict[name]
-            if name in base.aux_dict and not name.startswith(RUNNING_SUMS_PREFIX)
-            else _own_aux(name, shape, ctx, dtype)
-            for name, shape, dtype in zip(symbol.list_auxiliary_states(), aux_shapes, aux_types)
-        ]
-        return symbol.bind(
-            ctx,
-            args=args,
-            args_grad=grads,
-            grad_req=grad_req,
-            aux_states=aux_states,
-            shared_exec=base,
-        )
 
     def _take_arrays(self) -> None:
         """Name the bound executors' arrays, and prepare the copies of each batch into them."""

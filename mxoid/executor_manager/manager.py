@@ -8,7 +8,8 @@ from typing import Any, Callable, Dict, Hashable, List, Mapping, Optional, Seque
 import mxnet as mx
 import numpy as np
 
-from .executor_set import DataDescLike, ExecutorSet, as_descs
+from .binding import DataDescLike, as_descs
+from .executor_set import ExecutorSet
 from .initialization import check_fixed, fixed_gammas
 from .private_heads import LOSS_SCALE_INPUT
 from .seed import TWO_FORMS, is_seed_form, seed_arguments

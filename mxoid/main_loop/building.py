@@ -8,7 +8,7 @@ import mxnet as mx
 
 from ..checkpoint import CheckpointContents
 from ..executor_manager import DataParallelExecutorManager, forward_work_load, split_batch
-from ..executor_manager.executor_set import as_descs
+from ..executor_manager.binding import as_descs
 from ..executor_manager.initialization import initial_params
 from ..executor_manager.private_heads import RUNNING_SUMS_PREFIX
 from ..extensions.base import Extension, HeadRequest
