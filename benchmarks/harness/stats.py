@@ -5,6 +5,7 @@ processes, then their rounds (:func:`paired_ratio`). Contenders in processes of 
 own: the ratio of medians, drawn over each one's processes, then epochs.
 """
 
+from itertools import zip_longest
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -14,13 +15,20 @@ LEVEL = 0.90
 
 
 def two_stage(runs: Sequence[np.ndarray], draws: int = BOOTSTRAP_DRAWS, seed: int = 0):
-    """Medians of ``draws`` two-stage resamples: runs with replacement, then values in each."""
+    """Medians of ``draws`` two-stage resamples: runs with replacement, then values in each.
+
+    All draws at once, as arrays: each draw picks ``len(runs)`` runs, then as many values
+    of each picked run as it holds, with replacement (a run's values in a row padded to
+    the longest run's length, the padding left out of the median).
+    """
     rng = np.random.RandomState(seed)
-    out = np.empty(draws)
-    for i in range(draws):
-        chosen = [runs[k] for k in rng.randint(len(runs), size=len(runs))]
-        out[i] = np.median(np.concatenate([rng.choice(r, r.size) for r in chosen]))
-    return out
+    sizes = np.array([len(run) for run in runs])
+    table = np.array(list(zip_longest(*runs, fillvalue=np.nan)), float).reshape(-1, len(runs)).T
+    chosen = rng.randint(len(runs), size=(draws, len(runs)))
+    size = sizes[chosen][..., None]  # (draws, runs, 1): each picked run's number of values
+    picks = (rng.random_sample(chosen.shape + table.shape[1:]) * size).astype(np.int64)
+    values = np.where(np.arange(table.shape[1]) < size, table[chosen[..., None], picks], np.nan)
+    return np.nanmedian(values.reshape(draws, -1), axis=1)  # the padding left out
 
 
 def middle(draws: np.ndarray, level: float = LEVEL) -> Tuple[float, float]:

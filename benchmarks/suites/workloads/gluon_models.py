@@ -23,7 +23,6 @@ from harness.workload import NUM_CLASSES, PARAM_SEED, initial_params, make_data
 MODELS = ("mlp", "lenet", "jitter", "resnet18")
 SAMPLE_SHAPES = {"mlp": (784,), "lenet": (1, 28, 28), "jitter": (64,), "resnet18": (3, 32, 32)}
 JITTER_SCALE = 0.05  # the standard deviation of the jitter, on values in [0, 1]
-DIGITS = 1797  # samples in scikit-learn's digits
 
 
 def jitter(sample: np.ndarray) -> np.ndarray:
