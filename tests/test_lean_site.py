@@ -9,6 +9,7 @@ keep them.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -49,16 +50,26 @@ def test_the_examples_environment_hides_nothing_and_the_test_process_keeps_both(
 
 
 def test_the_sitecustomize_it_shadows_still_runs(tmp_path):
-    """Python runs the first sitecustomize on sys.path: the lean one runs the next one."""
-    (tmp_path / "sitecustomize.py").write_text("import os\nos.environ['SHADOWED_RAN'] = '1'\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([LEAN_SITE, str(tmp_path)]))
-    code = "import os, sys; print(os.environ.get('SHADOWED_RAN'), 'scipy' in sys.modules)"
-    done = subprocess.run(
-        [sys.executable, "-c", code + "; import scipy"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    """Python runs the first sitecustomize on sys.path: the lean one runs the next one that
+    is not a lean site. Here a clone's lean site comes first (as where a test runs pytest
+    in a clone): one finder, no error, and the shadowed one runs once."""
+    clone = tmp_path / "clone_lean_site"
+    clone.mkdir()
+    shutil.copy(os.path.join(LEAN_SITE, "sitecustomize.py"), clone)
+    shadowed = tmp_path / "shadowed"
+    shadowed.mkdir()
+    (shadowed / "sitecustomize.py").write_text(
+        "import os\nos.environ['SHADOWED_RAN'] = os.environ.get('SHADOWED_RAN', '') + '1'\n"
     )
-    assert done.stdout.split() == ["1", "False"], done.stdout + done.stderr
+    path = os.pathsep.join([str(clone), LEAN_SITE, str(shadowed)])
+    env = dict(os.environ, PYTHONPATH=path)
+    code = (
+        "import os, sys; print(os.environ.get('SHADOWED_RAN'), 'scipy' in sys.modules, "
+        "sum(getattr(f, 'mxoid_lean_site', False) for f in sys.meta_path)); import scipy"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split() == ["1", "False", "1"], done.stdout + done.stderr
     assert "hidden by MXOID_TESTS_HIDDEN" in done.stderr
+    assert "Error in sitecustomize" not in done.stderr, done.stderr

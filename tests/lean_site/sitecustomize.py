@@ -11,7 +11,8 @@ hidden. An import of a hidden package raises ``ModuleNotFoundError``, as where i
 installed.
 
 Python runs the first ``sitecustomize`` on ``sys.path``: this one runs the one it shadows,
-if there is one.
+if there is one, past any other lean site (a test that runs pytest in a clone of the
+repository puts the clone's before this one).
 """
 
 import os
@@ -20,6 +21,8 @@ import sys
 
 class HiddenPackages:
     """A meta path finder for which the named top-level packages are not installed."""
+
+    mxoid_lean_site = True  # how a second lean site (a clone's tests) knows one is there
 
     def __init__(self, names):
         self.names = frozenset(names)
@@ -32,19 +35,34 @@ class HiddenPackages:
         return None
 
 
+def _is_lean_site(path):
+    try:
+        with open(path, encoding="utf-8") as file:
+            return "mxoid_lean_site = True" in file.read()
+    except OSError:
+        return False
+
+
 def _run_shadowed():
+    """Run the first ``sitecustomize`` on ``sys.path`` that is not a lean site (this one, or
+    another checkout's, as where the tests run pytest in a clone of the repository)."""
     import importlib.machinery
     import importlib.util
 
-    here = os.path.dirname(os.path.abspath(__file__))
-    others = [p for p in sys.path if os.path.abspath(p or os.curdir) != here]
-    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
-    if spec is not None and spec.loader is not None:
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    path = list(sys.path)
+    while True:
+        spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+        if spec is None or spec.origin is None or spec.loader is None:
+            return
+        if not _is_lean_site(spec.origin):
+            break
+        folder = os.path.dirname(os.path.abspath(spec.origin))
+        path = [p for p in path if os.path.abspath(p or os.curdir) != folder]
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
 
 
 _hidden = [name for name in os.environ.get("MXOID_TESTS_HIDDEN", "").split(",") if name]
-if _hidden:
+if _hidden and not any(getattr(f, "mxoid_lean_site", False) for f in sys.meta_path):
     sys.meta_path.insert(0, HiddenPackages(_hidden))
 _run_shadowed()
