@@ -5,6 +5,7 @@
 - :mod:`.executor_set`: :class:`ExecutorSet`: the executors of one symbol for
   one set of input shapes;
 - :mod:`.binding`: how a set binds its executors (its own arrays, or a shared set's);
+- :mod:`.parameters`: values copied into the devices, and MXNet's average out of them;
 - :mod:`.outputs`: the outputs by name (:class:`OutputArrays`);
 - :mod:`.devices`: the contexts, the split of a batch, MXNet's random generators;
 - :mod:`.private_heads`: outputs the executors compute for mxoid;

@@ -11,6 +11,7 @@ import numpy as np
 from .binding import DataDescLike, as_descs
 from .executor_set import ExecutorSet
 from .initialization import check_fixed, fixed_gammas
+from .parameters import copy_into_devices, host_average
 from .private_heads import LOSS_SCALE_INPUT
 from .seed import TWO_FORMS, is_seed_form, seed_arguments
 from .waiting import wait_for
@@ -473,27 +474,8 @@ class DataParallelExecutorManager:
             Values by name. Names the symbol does not have raise ``ValueError``;
             parameters not given keep their current values.
         """
-        for kind, values, names, arrays in (
-            ("arg_params", arg_params, self.param_names, self.param_arrays),
-            ("aux_params", aux_params or {}, self.aux_names, self.aux_arrays),
-        ):
-            index = {n: i for i, n in enumerate(names)}
-            unknown = sorted(set(values) - set(index))
-            if unknown:
-                raise ValueError(
-                    f"{kind} has {unknown}, which the symbol does not have; its {kind} are {names}"
-                )
-            for name, value in values.items():
-                for target in arrays[index[name]]:
-                    if tuple(value.shape) != target.shape:
-                        raise ValueError(
-                            f"{kind}[{name!r}] has shape {tuple(value.shape)}, "
-                            f"the symbol needs {target.shape}"
-                        )
-                    if isinstance(value, mx.nd.NDArray):
-                        value.astype(target.dtype, copy=False).copyto(target)
-                    else:
-                        target[:] = np.asarray(value, dtype=target.dtype)
+        copy_into_devices("arg_params", arg_params, self.param_names, self.param_arrays)
+        copy_into_devices("aux_params", aux_params or {}, self.aux_names, self.aux_arrays)
         if aux_params and set(aux_params) == set(self.aux_names):
             self._root._aux_agree = True
 
@@ -506,14 +488,12 @@ class DataParallelExecutorManager:
         cast to the target's type), after waiting for the engine (:meth:`synchronize`).
         """
         self.synchronize()
-        cpu = mx.cpu()
         for targets, names, arrays in (
             (arg_params, self.param_names, self.param_arrays),
             (aux_params, self.aux_names, self.aux_arrays),
         ):
             for name, block in zip(names, arrays):
-                average = sum(array.copyto(cpu) for array in block) / len(block)
-                average.astype(targets[name].dtype).copyto(targets[name])
+                host_average(block).astype(targets[name].dtype).copyto(targets[name])
 
     def get_params(self) -> Tuple[Dict[str, mx.nd.NDArray], Dict[str, mx.nd.NDArray]]:
         """Return ``(arg_params, aux_params)`` as host copies, like ``Module.get_params()``.
@@ -532,16 +512,11 @@ class DataParallelExecutorManager:
         return arg_params, self._host_aux_states()
 
     def _host_aux_states(self) -> Dict[str, mx.nd.NDArray]:
-        cpu = mx.cpu()
-        aux_params = {}
-        for name, arrays in zip(self.aux_names, self.aux_arrays):
-            total = arrays[0].copyto(cpu)
-            if not self._root._aux_agree:  # Module's arithmetic: (0 + a0 + a1 + ...) / n
-                for array in arrays[1:]:
-                    total += array.copyto(cpu)
-                total /= len(arrays)
-            aux_params[name] = total
-        return aux_params
+        agree = self._root._aux_agree  # then the first device's are every device's
+        return {
+            name: arrays[0].copyto(mx.cpu()) if agree else host_average(arrays)
+            for name, arrays in zip(self.aux_names, self.aux_arrays)
+        }
 
     def synchronize(self) -> None:
         """Wait until every operation queued on MXNet's engine is computed.

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tupl
 import mxnet as mx
 import numpy as np
 
-from ..errors import clean_mxnet_message
 from ..executor_manager.invoke import PreparedCall
 from ..executor_manager.outputs import output_short_name
 from .creation import Metric
 from .device import DeviceMetric
 from .host import HostMetric
 from .naming import label_for_output
+from .shapes import check_sums_graph, fits_on_devices
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..executor_manager import DataParallelExecutorManager
@@ -34,21 +34,6 @@ def _real(array: mx.nd.NDArray, valid: int, rows: slice) -> mx.nd.NDArray:
     if valid == device_rows:
         return array
     return array[: valid * (array.shape[0] // device_rows)]
-
-
-def _fits(
-    metric: DeviceMetric, manager: DataParallelExecutorManager, output: str, label: str
-) -> bool:
-    """Return whether ``metric`` reads the output's rows on the devices, or has no host twin."""
-    if metric.host is None:
-        return True  # refused below, saying why
-    pred_shape = tuple(manager.outputs[output][0].shape)
-    label_shape = tuple(manager.labels[label][0].shape)
-    try:
-        metric.per_row(mx.sym.var("pred"), mx.sym.var("label"), pred_shape, label_shape)
-    except ValueError:
-        return False
-    return True
 
 
 class MetricAccumulator:
@@ -130,7 +115,9 @@ class MetricAccumulator:
                     f"no output named {output!r}; the symbol's outputs are {manager.output_names}"
                 )
             label = label_for_output(output, manager.metric_outputs, manager.label_names)
-            if isinstance(metric, DeviceMetric) and not _fits(metric, manager, output, label):
+            if isinstance(metric, DeviceMetric) and not fits_on_devices(
+                metric, manager, output, label
+            ):
                 metric = HostMetric(metric.host())  # 'loss' of a loss already averaged
             if isinstance(metric, HostMetric):
                 metric = copy.deepcopy(metric)  # each accumulator keeps its own state
@@ -202,7 +189,7 @@ class MetricAccumulator:
             inputs = {f"pred{i}": manager.outputs[o][device] for i, o in enumerate(outputs)}
             inputs.update({f"label{i}": manager.labels[n][device] for i, n in enumerate(labels)})
             inputs["mask"] = mx.nd.ones((rows,), ctx=ctx, dtype="float64")
-            self._check_graph(graph, inputs, rows, [m for _, m, _, _ in entries])
+            check_sums_graph(graph, inputs, rows, [m for _, m, _, _ in entries])
             if head is not None:  # the executors compute the values: only the sums here
                 if tuple(head[device].shape) != (rows, len(columns)):
                     raise ValueError(
@@ -236,31 +223,6 @@ class MetricAccumulator:
                 inputs.update({f"sum{p}": array for p, array in enumerate(sums[parity])})
                 self._calls[parity].append((operator, [inputs[n] for n in names], sums[1 - parity]))
                 self._sums[parity].append(sums[parity])
-
-    @staticmethod
-    def _check_graph(
-        graph: mx.sym.Symbol,
-        inputs: Dict[str, mx.nd.NDArray],
-        rows: int,
-        metrics: List[DeviceMetric],
-    ) -> None:
-        arguments = set(graph.list_arguments())  # a metric may read no label ('loss')
-        shapes = {name: array.shape for name, array in inputs.items() if name in arguments}
-        outputs = len(graph.list_outputs())
-        shapes.update({f"sum{p}": (rows,) for p in range(outputs)})
-        try:
-            _, out_shapes, _ = graph.infer_shape(**shapes)
-        except mx.base.MXNetError as error:
-            raise ValueError(
-                f"the metrics {[m.name for m in metrics]} do not fit the outputs and "
-                f"labels of shapes {shapes}: {clean_mxnet_message(error)}"
-            ) from None
-        for shape in out_shapes:
-            if tuple(shape) != (rows,):
-                raise ValueError(
-                    f"the metrics {[m.name for m in metrics]} give per-row sums of shape "
-                    f"{tuple(shape)}; they must have shape ({rows},)"
-                )
 
     @property
     def _columns(self) -> int:
