@@ -41,6 +41,7 @@ from __future__ import annotations
 import builtins
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import math
 import numbers
 import os
@@ -269,6 +270,24 @@ def _patch_sparse(utils: Any) -> None:
             sparse.csr = types.SimpleNamespace(csr_matrix=sparse.csr_matrix)
 
 
+def _operator_cache() -> Any:
+    """Return an :class:`mxoid.operator_cache.OperatorCache` for this import; None where off.
+
+    Loaded by its path: at start-up neither mxoid nor MXNet is imported yet.
+    """
+    where = os.path.join(os.path.dirname(os.path.abspath(__file__)), "operator_cache.py")
+    module = sys.modules.get("mxoid.operator_cache")
+    if module is None:
+        spec = importlib.util.spec_from_file_location("mxoid_operator_cache_at_start_up", where)
+        if spec is None or spec.loader is None:
+            return None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    if not module.enabled():
+        return None
+    return module.OperatorCache()
+
+
 _AFTER_IMPORT = {
     "mxnet.recordio": patch_recordio,
     "mxnet.ndarray.utils": _patch_sparse,
@@ -283,25 +302,51 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
     patched right after they load.
     """
 
+    operators: Any = None  # the OperatorCache of the import of MXNet under way
+
     def find_spec(
         self, fullname: str, path: Any = None, target: Any = None
     ) -> Optional[importlib.machinery.ModuleSpec]:
-        if fullname == "mxnet" and not _disabled():
+        if _disabled() or not fullname.startswith("mxnet"):
+            return None
+        if fullname == "mxnet":
             apply()
-            return None
-        if fullname not in _AFTER_IMPORT or _disabled():
-            return None
+            self.operators = _operator_cache()
+            if self.operators is None:
+                return None
+            return self._wrapped(fullname, path, target, after=self._save_operators)
+        if fullname in _AFTER_IMPORT:
+            return self._wrapped(fullname, path, target, after=_AFTER_IMPORT[fullname])
+        if self.operators is not None and fullname in self.operators.modules:
+            return self._wrapped(fullname, path, target, before=self._give_exec)
+        return None
+
+    def _wrapped(
+        self, fullname: str, path: Any, target: Any, before: Any = None, after: Any = None
+    ) -> Optional[importlib.machinery.ModuleSpec]:
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None:
             return spec
-        run, patch = spec.loader.exec_module, _AFTER_IMPORT[fullname]
+        run = spec.loader.exec_module
 
         def exec_module(module: Any) -> None:
+            if before is not None:
+                before(module)
             run(module)
-            patch(module)
+            if after is not None:
+                after(module)
 
         spec.loader.exec_module = exec_module
         return spec
+
+    def _give_exec(self, module: Any) -> None:
+        if self.operators is not None:
+            module.__dict__["exec"] = self.operators.exec
+
+    def _save_operators(self, module: Any) -> None:
+        operators, self.operators = self.operators, None
+        if operators is not None:
+            operators.save()
 
 
 def install_import_hook() -> None:

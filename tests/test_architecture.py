@@ -25,6 +25,7 @@ TOP_LEVEL = {
     "launch",
     "lazy",
     "loss_scale",
+    "operator_cache",  # beside compat: both loaded by their path at start-up
     "precision",
     "schedules",
 }

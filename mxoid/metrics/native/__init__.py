@@ -58,6 +58,7 @@ from mxnet.base import _LIB, OpHandle, c_str, check_call, mx_uint
 from mxnet.name import NameManager
 
 from ...executor_manager.devices import one_random_generator
+from ...operator_cache import cache_dir
 from . import builder
 
 __all__ = [
@@ -261,11 +262,7 @@ def _compiler() -> List[str]:
 
 
 def _cache_dir() -> str:
-    given = os.environ.get("MXOID_CACHE_DIR")
-    if given:
-        return given
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "mxoid")
+    return cache_dir()  # shared with MXNet's compiled operator functions
 
 
 def _library(wait: bool) -> Optional[str]:
