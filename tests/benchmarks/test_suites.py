@@ -262,11 +262,12 @@ def test_the_latest_full_run_renders_as_markdown():
 
 def test_startup_check_every_contender_from_scratch_trains_as_module_fit(tmp_path):
     """Fresh processes: MainLoop (everyday extensions, bare, and on a machine whose cache
-    lacks the fused operator) ends its first epoch with Module.fit's parameters; the
-    first run announced the operator's build; both targets are computed in the cell."""
+    lacks the fused operator) ends its first epoch with Module.fit's parameters, and so
+    does Module importing MXNet without the operator cache; the first run announced the
+    operator's build; every target is computed in the cell."""
     data, stdout = check("startup", tmp_path)
     (row,) = data["results"]
-    for name in ("module", "mxoid", "mxoid bare", "mxoid, first run"):
+    for name in ("module", "mxoid", "mxoid bare", "mxoid, first run", "module, no operator cache"):
         assert row[name]["construct"] > 0 and row[name]["first_epoch"] > 0
         assert row[name]["import_mxnet"] > row[name]["construct"]
         assert row[name]["construct_cpu"] > 0 and row[name]["first_epoch_cpu"] > 0
@@ -278,8 +279,10 @@ def test_startup_check_every_contender_from_scratch_trains_as_module_fit(tmp_pat
         "MainLoop(...) + one epoch, everyday extensions, mlp 1 ctx: <= Module's",
         "MainLoop(...), CPU time, mlp 1 ctx: <= Module's",
         "MainLoop(...) + one epoch, everyday, CPU time, mlp 1 ctx: <= Module's",
+        "import mxnet, operator functions cached, mlp 1 ctx: <= 0.75 x",
     ]
-    assert "| mlp   |   1 | mxoid, first run |" in stdout
+    assert "| mlp   |   1 | mxoid, first run " in stdout
+    assert "| mlp   |   1 | module, no operator cache |" in stdout
 
 
 def test_scaling_check_launches_one_and_two_workers_on_loopback(tmp_path):
