@@ -47,7 +47,6 @@ import importlib.util
 import marshal
 import operator
 import os
-import re
 import sys
 import time
 import types
@@ -62,7 +61,7 @@ MODULES = ("mxnet.ndarray.register", "mxnet.symbol.register")
 """The MXNet modules whose ``exec`` calls the cache serves."""
 
 HEADER = importlib.util.MAGIC_NUMBER + b" mxoid operator functions 1\n"
-_HANDLE = re.compile(r"\b(_imperative_invoke|_symbol_creator)\((\d+),")
+_CALLS = ("_imperative_invoke(", "_symbol_creator(")  # the call that names the handle
 STALE_SECONDS = 3600
 """A temporary file this old is the remains of a killed save: the next save removes it."""
 _FUTURE = functools.reduce(
@@ -149,20 +148,25 @@ class OperatorCache:
 
         ``flags``: the ``__future__`` compiler flags of the code calling ``exec``.
         """
-        found = _HANDLE.findall(source)
-        if len(found) != 1:
+        calls = [source.find(call) for call in _CALLS]
+        if sum(source.count(call) for call in _CALLS) != 1:
             return None
-        stand_in = "9" * len(found[0][1])
+        start = max(calls) + len(_CALLS[calls.index(max(calls))])
+        end = source.find(",", start)
+        handle = source[start:end]
+        if not (0 < len(handle) < 40 and handle.isdigit() and handle.isascii()):
+            return None
+        stand_in = "9" * len(handle)
         if stand_in in source:
             return None
-        generic = _HANDLE.sub(lambda m: f"{m.group(1)}({stand_in},", source)
+        generic = source[:start] + stand_in + source[end:]
         key = hashlib.blake2b(b"%d\n%s" % (flags, generic.encode()), digest_size=16).digest()
         code = self.used.get(key) or self.known.get(key)
         if code is None:
             code = compile(generic, "<string>", "exec", flags=flags, dont_inherit=True)
             self.compiled += 1
         self.used[key] = code
-        return _with_handle(code, int(stand_in), int(found[0][1]))
+        return _with_handle(code, int(stand_in), int(handle))
 
     def exec(self, source: Any, globals: Any = None, locals: Any = None) -> None:  # noqa: A002
         """``exec`` as MXNet calls it (``exec(code, None, local)``), from the cache."""

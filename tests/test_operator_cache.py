@@ -144,16 +144,28 @@ def test_training_runs_on_functions_from_the_file(tmp_path):
     assert _run(TRAIN, cache) == [4, 4.0]
 
 
+DAMAGED = [b"", b"garbage", HEADER, HEADER + b"\xff\x00\x13", b"\x00\x00\r\n" + HEADER[4:] + b"{}"]
+DAMAGED_IDS = ["empty", "garbage", "header-only", "truncated", "another-python"]
+
+
 @pytest.mark.adversarial
-@pytest.mark.parametrize(
-    "content",
-    [b"", b"garbage", HEADER, HEADER + b"\xff\x00\x13", b"\x00\x00\r\n" + HEADER[4:] + b"{}"],
-    ids=["empty", "garbage", "header-only", "truncated", "another-python"],
-)
-def test_a_damaged_or_foreign_file_is_replaced(tmp_path, content):
+@pytest.mark.parametrize("content", DAMAGED, ids=DAMAGED_IDS)
+def test_a_damaged_or_foreign_file_is_read_as_none_and_replaced(tmp_path, content):
+    path = tmp_path / "ops.marshal"
+    path.write_bytes(content)
+    cache = OperatorCache(str(path))
+    assert cache.known == {}
+    code = cache.code("def f():\n    return _symbol_creator(31, None)\n")
+    assert cache.compiled == 1 and cache.save()
+    assert list(operator_cache._read(str(path)).values())[0].co_consts[0].co_name == "f"
+    assert code is not None
+
+
+@pytest.mark.adversarial
+def test_an_import_over_a_damaged_file_trains_and_replaces_it(tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
-    _cache_file(cache).write_bytes(content)
+    _cache_file(cache).write_bytes(HEADER + b"\xff\x00\x13")
     assert _run(TRAIN, cache) == [4, 4.0]
     assert _is_whole(_cache_file(cache))
 
