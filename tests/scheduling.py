@@ -14,6 +14,7 @@ finds the same ones as its workers.
 
 import ast
 import functools
+import os
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -56,6 +57,14 @@ SECONDS: Dict[str, float] = {  # a test's wall-clock seconds, by the longest mat
     "tests/test_packaging.py": 1.0,
 }
 DEFAULT_SECONDS = 0.5
+
+
+def cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def seconds(nodeid: str) -> float:

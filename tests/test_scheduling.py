@@ -62,3 +62,13 @@ def test_the_longest_units_come_first_each_whole_and_equal_ones_in_collection_or
 def test_every_file_named_in_the_table_exists():
     for prefix in scheduling.SECONDS:
         assert (scheduling.ROOT / prefix.split("::")[0]).is_file(), prefix
+
+
+def test_auto_starts_one_test_process_per_core_and_one_more(request, monkeypatch):
+    """``-n auto`` as xdist resolves it (every implementation of the hook, the first
+    answer): this suite's (tests/conftest.py), unless ``PYTEST_XDIST_AUTO_NUM_WORKERS``."""
+    hook = request.config.hook.pytest_xdist_auto_num_workers
+    monkeypatch.delenv("PYTEST_XDIST_AUTO_NUM_WORKERS", raising=False)
+    assert hook(config=request.config) == scheduling.cores() + 1
+    monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")
+    assert hook(config=request.config) == 5
