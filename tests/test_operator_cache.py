@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from small_disk import on_small_disk
 
 from mxoid import operator_cache
 from mxoid.operator_cache import HEADER, OperatorCache
@@ -184,21 +185,10 @@ def test_an_unwritable_folder_only_costs_the_compilation(tmp_path):
 def test_a_full_disk_leaves_no_file_and_no_temporary(tmp_path):
     """The cache folder on a 1 MiB tmpfs of its own (the file is about 6 MB)."""
     mount = tmp_path / "disk"
-    mount.mkdir()
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    shell = (
-        f"mount -t tmpfs -o size=1m tmpfs {mount} && MXOID_CACHE_DIR={mount}/cache "
-        f"{sys.executable} {script} && ls -a {mount}/cache"
-    )
-    done = subprocess.run(
-        ["unshare", *user, "--mount", "sh", "-c", shell],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
+    shell = f"MXOID_CACHE_DIR={mount}/cache {sys.executable} {script} && ls -a {mount}/cache"
+    done = on_small_disk(mount, "size=1m", shell)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "RESULT [4, 4.0]" in done.stdout
     assert done.stdout.split()[-2:] == [".", ".."]  # neither the file nor a temporary one

@@ -11,6 +11,7 @@ import mxnet as mx
 import numpy as np
 import pytest
 from scripted import Script, small_loop
+from small_disk import on_small_disk
 
 from mxoid import CSVLog, Extension, FinishAfter, JSONLinesLog, read_log
 from mxoid.log.records import plain_value
@@ -259,21 +260,10 @@ def test_a_full_disk_under_the_log_file_names_the_file_and_the_fix(tmp_path, wri
     """The log file on a 64 KiB tmpfs of its own (a mount namespace that ends with the
     process), filled but for one page."""
     mount = tmp_path / "disk"
-    mount.mkdir()
     script = tmp_path / "fill.py"
     script.write_text(LOG_ON_SMALL_DISK.format(tests=os.path.dirname(HERE), writer=writer))
-    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    shell = (
-        f"mount -t tmpfs -o size=64k tmpfs {mount} && "
-        f"head -c 61440 /dev/zero > {mount}/filler && {sys.executable} {script} {mount}/log"
-    )
-    done = subprocess.run(
-        ["unshare", *user, "--mount", "sh", "-c", shell],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
+    shell = f"head -c 61440 /dev/zero > {mount}/filler && {sys.executable} {script} {mount}/log"
+    done = on_small_disk(mount, "size=64k", shell, timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stderr[-3000:]
     message, filename, recorded = json.loads(lines[0][7:])

@@ -5,7 +5,6 @@ the way), with a clear error and nothing recorded."""
 import json
 import os
 import resource
-import subprocess
 import sys
 
 import mxnet as mx
@@ -14,6 +13,7 @@ import pytest
 from checkpointing import Trainer, best_keeping_loop, leftovers, make_loop
 from conftest import classification_data, initial_params, mlp
 from scripted import Script, small_loop
+from small_disk import on_small_disk
 
 from mxoid import Checkpoint, CheckpointError, Evaluate, Extension, FinishAfter, MainLoop
 from mxoid.checkpoint import DirectoryLock, list_checkpoints, read_checkpoint
@@ -248,21 +248,10 @@ def run_on_small_disk(tmp_path, options, prepare=""):
     """Run FAULT_RUN with its checkpoint directory on a small tmpfs of its own (a mount
     namespace that vanishes with the process)."""
     mount = tmp_path / "disk"
-    mount.mkdir()
     script = tmp_path / "fault.py"
     script.write_text(FAULT_RUN.format(tests=os.path.dirname(os.path.dirname(__file__))))
-    user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    shell = (
-        f"mount -t tmpfs -o {options} tmpfs {mount} && {prepare} "
-        f"{sys.executable} {script} {mount / 'checkpoints'}"
-    )
-    done = subprocess.run(
-        ["unshare", *user, "--mount", "sh", "-c", shell],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-    )
+    shell = f"{prepare} {sys.executable} {script} {mount / 'checkpoints'}"
+    done = on_small_disk(mount, options, shell, timeout=120)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert lines, done.stderr
     return json.loads(lines[0][7:])
