@@ -145,6 +145,25 @@ def test_training_runs_on_functions_from_the_file(tmp_path):
     assert _run(TRAIN, cache) == [4, 4.0]
 
 
+def test_a_script_that_imports_mxoid_first_has_the_cache_too(tmp_path):
+    """``import mxoid`` before MXNet, and with no start-up file at all (``python -S``, the
+    package on ``sys.path``): mxoid's own finder serves the functions."""
+    served = "type(vars(mxnet.ndarray.register)['exec']).__name__"
+    script = f"import mxoid, mxnet; print('RESULT \"%s\"' % {served})"
+    assert _run(script, tmp_path / "cache") == "method"
+    site = [p for p in sys.path if p.endswith("site-packages")]
+    bare = f"import sys; sys.path[:0] = {[os.path.dirname(HERE)] + site!r}; {script}"
+    process = subprocess.Popen(
+        [sys.executable, "-S", "-c", bare],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "MXOID_CACHE_DIR": str(tmp_path / "bare")},
+    )
+    assert _result(process) == "method"
+    assert _is_whole(_cache_file(tmp_path / "bare"))
+
+
 DAMAGED = [b"", b"garbage", HEADER, HEADER + b"\xff\x00\x13", b"\x00\x00\r\n" + HEADER[4:] + b"{}"]
 DAMAGED_IDS = ["empty", "garbage", "header-only", "truncated", "another-python"]
 
