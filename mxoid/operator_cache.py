@@ -148,10 +148,10 @@ class OperatorCache:
 
         ``flags``: the ``__future__`` compiler flags of the code calling ``exec``.
         """
-        calls = [source.find(call) for call in _CALLS]
         if sum(source.count(call) for call in _CALLS) != 1:
             return None
-        start = max(calls) + len(_CALLS[calls.index(max(calls))])
+        call = next(call for call in _CALLS if call in source)
+        start = source.find(call) + len(call)
         end = source.find(",", start)
         handle = source[start:end]
         if not (0 < len(handle) < 40 and handle.isdigit() and handle.isascii()):
@@ -181,10 +181,9 @@ class OperatorCache:
 
     def save(self) -> bool:
         """Write what this import used if it compiled anything; False where it cannot."""
-        known, used, self.known, self.used = self.known, self.used, {}, {}
+        used, self.known, self.used = self.used, {}, {}  # the import is over: free them
         if not self.compiled or not used:
             return True
-        del known
         folder = os.path.dirname(self.path)
         temporary = f"{self.path}.{os.urandom(6).hex()}.tmp"
         try:
