@@ -26,8 +26,11 @@ native.build()
 
 
 LEAN_SITE = os.path.join(os.path.dirname(__file__), "lean_site")
-# Not a test module: importing it (as --doctest-modules would) would hide the packages here.
+# Not test modules: importing them, as --doctest-modules would, would hide the packages
+# here (lean_site) or run the programs the tests start (*/scripts: a training run of 3
+# CPU-seconds in each test process, before its first test).
 collect_ignore = ["lean_site"]
+collect_ignore_glob = ["*/scripts"]
 
 
 def pytest_configure(config):

@@ -1,5 +1,6 @@
 """The order of ``pytest -n`` (tests/scheduling.py): units, longest first."""
 
+import fnmatch
 import textwrap
 
 import scheduling
@@ -72,3 +73,20 @@ def test_auto_starts_one_test_process_per_core_and_one_more(request, monkeypatch
     assert hook(config=request.config) == scheduling.cores() + 1
     monkeypatch.setenv("PYTEST_XDIST_AUTO_NUM_WORKERS", "5")
     assert hook(config=request.config) == 5
+
+
+def test_collection_imports_none_of_the_programs_the_tests_start():
+    """``--doctest-modules`` imports every module it collects: every ``scripts`` folder (the
+    programs the tests start; one trains for three CPU-seconds at import) matches a
+    pattern of conftest's ``collect_ignore_glob`` (which pytest reads relative to
+    tests/), so no test process spends its start-up running them."""
+    import conftest
+
+    tests = scheduling.ROOT / "tests"
+    patterns = [str(tests / pattern) for pattern in conftest.collect_ignore_glob]
+    folders = sorted(path for path in tests.rglob("scripts") if path.is_dir())
+    assert len(folders) >= 3, folders  # checkpoint/, distributed/, main_loop/
+    for folder in folders:
+        assert any(fnmatch.fnmatch(str(folder), pattern) for pattern in patterns), folder
+    assert not any(fnmatch.fnmatch(str(tests / "main_loop"), pattern) for pattern in patterns)
+    assert "lean_site" in conftest.collect_ignore
