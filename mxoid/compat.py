@@ -16,6 +16,10 @@ What it touches
 - ``distutils.version`` on Python 3.12+, where ``distutils`` is gone and setuptools
   may be absent: a module with ``LooseVersion`` and ``StrictVersion`` (MXNet only
   compares version strings with them); setuptools' own copy when it is installed.
+  Where ``distutils`` does import (Python <= 3.11, or setuptools' shim), MXNet's import
+  is lent the file that import would run, loaded alone, and it is taken back after:
+  the shim's ``import distutils`` imports all of setuptools, 0.05-0.1 CPU-seconds of
+  every ``import mxnet``.
 - ``mxnet.recordio.pack`` and ``pack_img`` on NumPy 2.3+, which removed
   ``ndarray.tostring``: the same record format, written with ``tobytes``.
 - ``scipy.sparse.csr`` where SciPy no longer has it (MXNet reads
@@ -118,18 +122,86 @@ def _add_missing(module: Any, names: Dict[str, Any]) -> None:
                 setattr(module, name, value)
 
 
-def _distutils_version() -> None:
-    """Make ``from distutils.version import LooseVersion`` work where distutils is gone."""
-    try:
-        import distutils.version  # noqa: F401  (Python <= 3.11, or setuptools' copy)
+def _native_distutils() -> bool:
+    """Tell whether ``import distutils`` works without mxoid.
 
-        return
-    except ImportError:
-        pass
+    It does on Python <= 3.11 (the standard library's), or where setuptools' start-up
+    shim (``distutils-precedence.pth``) serves it.
+    """
+    return sys.version_info < (3, 12) or _distutils_shim()
+
+
+def _distutils_shim() -> bool:
+    return any(type(finder).__module__ == "_distutils_hack" for finder in sys.meta_path)
+
+
+def _setuptools_version_file() -> Optional[str]:
+    """Find setuptools' copy of ``distutils/version.py`` without importing setuptools."""
+    spec = importlib.machinery.PathFinder.find_spec("setuptools")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "_distutils", "version.py")
+    return path if os.path.isfile(path) else None
+
+
+def _version_file() -> Optional[str]:
+    """Find the ``distutils/version.py`` that ``import distutils.version`` would run here."""
+    if _distutils_shim():  # setuptools serves distutils: its copy
+        return _setuptools_version_file()
+    stdlib = os.path.join(os.path.dirname(os.__file__), "distutils", "version.py")
+    return stdlib if os.path.isfile(stdlib) else None
+
+
+def _load_version(path: str) -> Optional[types.ModuleType]:
+    spec = importlib.util.spec_from_file_location("distutils.version", path)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
     try:
-        from setuptools._distutils import version as module  # type: ignore
-    except ImportError:
-        module = _version_module()
+        spec.loader.exec_module(module)
+    except Exception:  # noqa: BLE001  (then MXNet imports distutils as it would)
+        return None
+    return module
+
+
+def _lend_distutils_version() -> Optional[types.ModuleType]:
+    """Lend MXNet's import the ``distutils.version`` that it would import, loaded alone.
+
+    MXNet imports ``distutils.version`` (two comparisons of NumPy's version); where
+    setuptools serves distutils, as it does by default wherever it is installed, that
+    import imports setuptools: 0.05-0.1 of the 0.6 CPU-seconds of ``import mxnet``. The
+    same file (setuptools' copy there, else the standard library's), run alone, gives
+    MXNet classes of the same code; :func:`_return_distutils_version` takes the module
+    back after the import, so that the program's own ``import distutils`` later is
+    served as without mxoid (those classes are then that import's, not MXNet's). None
+    where nothing is lent (``distutils.version`` imported already, or only mxoid's own
+    version module can serve: :func:`_distutils_version`).
+    """
+    if "distutils.version" in sys.modules or not _native_distutils():
+        return None
+    path = _version_file()
+    module = _load_version(path) if path else None
+    if module is not None:
+        sys.modules["distutils.version"] = module
+    return module
+
+
+def _return_distutils_version(module: Optional[types.ModuleType]) -> None:
+    """Take back what :func:`_lend_distutils_version` lent, if it is still there."""
+    if module is not None and sys.modules.get("distutils.version") is module:
+        del sys.modules["distutils.version"]
+
+
+def _distutils_version() -> None:
+    """Make ``from distutils.version import LooseVersion`` work where distutils is gone.
+
+    That is Python 3.12+ without setuptools' shim: setuptools' copy, run alone, where
+    setuptools is installed, else :func:`_version_module`.
+    """
+    if "distutils.version" in sys.modules or _native_distutils():
+        return
+    path = _setuptools_version_file()
+    module = (_load_version(path) if path else None) or _version_module()
     package = sys.modules.get("distutils") or types.ModuleType("distutils")
     package.__path__ = []  # a package, so that distutils.version imports
     package.version = module
@@ -306,6 +378,7 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
     """
 
     operators: Any = None  # the OperatorCache of the import of MXNet under way
+    lent: Any = None  # the distutils.version lent to it (_lend_distutils_version)
 
     def find_spec(
         self, fullname: str, path: Any = None, target: Any = None
@@ -315,9 +388,10 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
         if fullname == "mxnet":
             apply()
             self.operators = _operator_cache()
-            if self.operators is None:
-                return None
-            return self._wrapped(fullname, path, target, after=self._save_operators)
+            self.lent = _lend_distutils_version()
+            return self._wrapped(
+                fullname, path, target, after=self._save_operators, settle=self._take_back
+            )
         if fullname in _AFTER_IMPORT:
             return self._wrapped(fullname, path, target, after=_AFTER_IMPORT[fullname])
         if self.operators is not None and fullname in self.operators.modules:
@@ -325,17 +399,34 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
         return None
 
     def _wrapped(
-        self, fullname: str, path: Any, target: Any, before: Any = None, after: Any = None
+        self,
+        fullname: str,
+        path: Any,
+        target: Any,
+        before: Any = None,
+        after: Any = None,
+        settle: Any = None,
     ) -> Optional[importlib.machinery.ModuleSpec]:
+        """Return the spec PathFinder finds, its loader wrapped.
+
+        It runs ``before`` the module, ``after`` it once it has loaded, and ``settle``
+        whether it loaded or raised.
+        """
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None:
+            if settle is not None:
+                settle(None)
             return spec
         run = spec.loader.exec_module
 
         def exec_module(module: Any) -> None:
             if before is not None:
                 before(module)
-            run(module)
+            try:
+                run(module)
+            finally:
+                if settle is not None:
+                    settle(module)
             if after is not None:
                 after(module)
 
@@ -345,6 +436,10 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
     def _give_exec(self, module: Any) -> None:
         if self.operators is not None:
             module.__dict__["exec"] = self.operators.exec
+
+    def _take_back(self, module: Any) -> None:
+        lent, self.lent = self.lent, None
+        _return_distutils_version(lent)
 
     def _save_operators(self, module: Any) -> None:
         operators, self.operators = self.operators, None

@@ -15,9 +15,9 @@ from mxoid import compat
 NUMPY_2 = int(np.__version__.split(".")[0]) >= 2
 
 
-def python(code, **env):
+def python(code, *args, **env):
     done = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -78,6 +78,62 @@ def test_it_can_be_turned_off():
         assert code != 0 and "distutils" in out, out
     code, out = python("import mxnet; print('imported')")  # and with it, on this NumPy
     assert code == 0 and "imported" in out, out
+
+
+MXNET_DISTUTILS = """
+import sys, warnings
+warnings.simplefilter("ignore")
+import mxnet.numpy_op_fallback as fallback
+print("mxnet", fallback.StrictVersion.__init__.__code__.co_filename)
+print("left", sorted(m for m in ("setuptools", "distutils", "distutils.version") if m in sys))
+if "mxnet-then-distutils" in sys.argv:
+    import distutils.version
+    print("own", distutils.version.LooseVersion.__init__.__code__.co_filename)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import setuptools
+    print("warned", [str(w.message) for w in caught if "istutils" in str(w.message)])
+""".replace("in sys)", "in sys.modules)")
+PLAIN_DISTUTILS = """
+import importlib.util, warnings
+warnings.simplefilter("ignore")
+from distutils.version import StrictVersion
+print("plain", StrictVersion.__init__.__code__.co_filename)
+if importlib.util.find_spec("setuptools"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        import setuptools
+    print("warned", [str(w.message) for w in caught if "istutils" in str(w.message)])
+"""
+
+
+def _said(out, word):
+    return [line.split(" ", 1)[1] for line in out.splitlines() if line.startswith(word + " ")]
+
+
+@pytest.mark.parametrize("setting", ["local", "stdlib"])
+def test_mxnet_gets_the_distutils_version_it_would_import_and_setuptools_stays_out(setting):
+    """MXNet imports ``distutils.version``; where setuptools serves distutils (by default,
+    wherever it is installed) that imported setuptools, 0.05-0.1 CPU-s of each ``import
+    mxnet``. It gets classes of the same file, loaded alone; afterwards the program's own
+    ``import distutils`` is served as without mxoid, and setuptools, imported then, warns
+    as it would have. Where no distutils imports (Python 3.12+ without setuptools' shim),
+    mxoid's stand-in serves, as before."""
+    env = {"SETUPTOOLS_USE_DISTUTILS": setting}
+    code, plain = python(PLAIN_DISTUTILS, **env)
+    code, out = python(MXNET_DISTUTILS, **env)
+    assert code == 0, out
+    (mxnet_file,) = _said(out, "mxnet")
+    if _said(plain, "plain"):  # distutils imports here: the same file, and nothing left
+        assert [mxnet_file] == _said(plain, "plain"), (out, plain)
+        assert _said(out, "left") == ["[]"], out
+    else:
+        assert mxnet_file in (compat.__file__, compat._setuptools_version_file()), out
+    if _said(plain, "plain") and compat._setuptools_version_file():
+        code, out = python(MXNET_DISTUTILS + "\n", "mxnet-then-distutils", **env)
+        assert code == 0, out
+        assert _said(out, "own") == _said(plain, "plain"), (out, plain)
+        assert _said(out, "warned") == _said(plain, "warned"), (out, plain)
 
 
 def test_only_missing_names_are_added():
