@@ -345,22 +345,38 @@ def _patch_sparse(utils: Any) -> None:
             sparse.csr = types.SimpleNamespace(csr_matrix=sparse.csr_matrix)
 
 
-def _operator_cache() -> Any:
-    """Return an :class:`mxoid.operator_cache.OperatorCache` for this import; None where off.
+def _start_up_module(name: str) -> Any:
+    """Return mxoid's module ``name`` (standard library only).
 
-    Loaded by its path: at start-up neither mxoid nor MXNet is imported yet.
+    Loaded by its path where mxoid is not imported: at start-up neither mxoid nor MXNet
+    is imported yet.
     """
-    where = os.path.join(os.path.dirname(os.path.abspath(__file__)), "operator_cache.py")
-    module = sys.modules.get("mxoid.operator_cache")
-    if module is None:
-        spec = importlib.util.spec_from_file_location("mxoid_operator_cache_at_start_up", where)
-        if spec is None or spec.loader is None:
-            return None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    if not module.enabled():
+    module = sys.modules.get(f"mxoid.{name}")
+    if module is not None:
+        return module
+    where = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"mxoid_{name}_at_start_up", where)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _operator_cache() -> Any:
+    """Return an :class:`mxoid.operator_cache.OperatorCache` for this import; None where off."""
+    module = _start_up_module("operator_cache")
+    if module is None or not module.enabled():
         return None
     return module.OperatorCache()
+
+
+def _deferred_imports() -> Any:
+    """Return :mod:`mxoid.deferred_imports`; None where off."""
+    module = _start_up_module("deferred_imports")
+    if module is None or not module.enabled():
+        return None
+    return module
 
 
 _AFTER_IMPORT = {
@@ -368,6 +384,13 @@ _AFTER_IMPORT = {
     "mxnet.ndarray.utils": _patch_sparse,
     "mxnet.contrib.quantization": patch_quantization,
 }
+
+
+class _Lent:
+    """What MXNet's import is lent while it runs (its imports are deferred meanwhile)."""
+
+    def __init__(self, distutils: Optional[types.ModuleType]) -> None:
+        self.distutils = distutils
 
 
 class _MXNetImportHook(importlib.abc.MetaPathFinder):
@@ -378,17 +401,23 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
     """
 
     operators: Any = None  # the OperatorCache of the import of MXNet under way
-    lent: Any = None  # the distutils.version lent to it (_lend_distutils_version)
+    lent: Any = None  # while MXNet is imported: what is lent to its import (_Lent)
+    deferred: Any = None  # mxoid.deferred_imports, once MXNet's import has used it
 
     def find_spec(
         self, fullname: str, path: Any = None, target: Any = None
     ) -> Optional[importlib.machinery.ModuleSpec]:
-        if _disabled() or not fullname.startswith("mxnet"):
+        if _disabled():
             return None
+        if not fullname.startswith("mxnet"):
+            if self.deferred is None:
+                return None
+            return self.deferred.find_spec(fullname, path, target, self.lent is not None)
         if fullname == "mxnet":
             apply()
             self.operators = _operator_cache()
-            self.lent = _lend_distutils_version()
+            self.deferred = self.deferred or _deferred_imports()
+            self.lent = _Lent(_lend_distutils_version())
             return self._wrapped(
                 fullname, path, target, after=self._save_operators, settle=self._take_back
             )
@@ -439,7 +468,8 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
 
     def _take_back(self, module: Any) -> None:
         lent, self.lent = self.lent, None
-        _return_distutils_version(lent)
+        if lent is not None:
+            _return_distutils_version(lent.distutils)
 
     def _save_operators(self, module: Any) -> None:
         operators, self.operators = self.operators, None

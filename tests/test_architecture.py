@@ -20,6 +20,7 @@ TOP_LEVEL = {
     "__main__",
     "cli",
     "compat",
+    "deferred_imports",  # beside compat: loaded by its path at start-up
     "errors",
     "inference",
     "launch",
