@@ -425,6 +425,8 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
             return self._wrapped(fullname, path, target, after=_AFTER_IMPORT[fullname])
         if self.operators is not None and fullname in self.operators.modules:
             return self._wrapped(fullname, path, target, before=self._give_exec)
+        if self.operators is not None and fullname == "mxnet.base":
+            return self._wrapped(fullname, path, target, after=self._serve_sources)
         return None
 
     def _wrapped(
@@ -462,11 +464,20 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
         spec.loader.exec_module = exec_module
         return spec
 
+    def _serve_sources(self, module: Any) -> None:
+        try:
+            self.operators.serve(module)
+        except Exception:  # noqa: BLE001  (then MXNet writes every source, as without)
+            self.operators.restore()
+            self.operators.serve_sources(None)
+
     def _give_exec(self, module: Any) -> None:
         if self.operators is not None:
             module.__dict__["exec"] = self.operators.exec
 
     def _take_back(self, module: Any) -> None:
+        if self.operators is not None:
+            self.operators.restore()
         lent, self.lent = self.lent, None
         if lent is not None:
             _return_distutils_version(lent.distutils)

@@ -1,4 +1,4 @@
-"""MXNet's operator functions compiled once per machine: ``import mxnet`` in half the CPU time.
+"""MXNet's operator functions written and compiled once per machine: ``import mxnet`` faster.
 
 ``import mxnet`` writes the Python source of a function for every operator of its
 library (``mx.nd.FullyConnected``, ``mx.sym.Convolution``, ``mx.nd.np.add``...: about
@@ -7,7 +7,11 @@ process starts: half of the import's CPU time. The start-up hook of :mod:`mxoid.
 (the ``mxoid-mxnet-compat.pth`` file of an install, or ``import mxoid`` before MXNet)
 gives MXNet's two generator modules, ``mxnet.ndarray.register`` and
 ``mxnet.symbol.register``, an ``exec`` that takes the compiled code from a file when
-it has it; MXNet still writes every source and sets every name and docstring itself.
+it has it. Writing the sources is another tenth of the import: while MXNet's
+``_init_op_module`` and ``_init_np_op_module`` run (made :meth:`OperatorCache.initializer`'s
+for the import, and given back after it), MXNet's two source writers are served from
+the same file too, for the library and files the sources were written from
+(:func:`identity`); MXNet still makes every function, and sets its name and docstring.
 
 How it stays exact
 ------------------
@@ -22,14 +26,20 @@ How it stays exact
   differently is compiled anew.
 - A source with no handle, or more than one, or with its stand-in's digits anywhere,
   is compiled as MXNet would (not cached).
+- A source (and the docstring written with it) is served only where the file's sources
+  were written for the same :func:`identity`: the path, size and modification time of
+  ``libmxnet.so`` and of the Python files that write the sources, Python's version and
+  the line separator; another MXNet, a changed file or a damaged entry, and MXNet
+  writes it (tested: the same functions, and the file written anew). The handle of
+  the operator in this process goes into the served text, as into the code.
 - One file per Python bytecode version (``mxnet-operators.cpython-311.marshal``...),
   starting with that Python's magic number; a file that cannot be read as one is
   ignored and replaced. A process writes it (a temporary file renamed over it, so a
-  reader sees a whole file or the previous one) only when it compiled something, with
-  exactly what its own import used.
+  reader sees a whole file or the previous one) only when it compiled or wrote
+  something, with exactly what its own import used.
 
 Where: ``$MXOID_CACHE_DIR``, else ``$XDG_CACHE_HOME/mxoid``, else ``~/.cache/mxoid``
-(the folder of the native metric library, :mod:`mxoid.metrics.native`), about 6 MB.
+(the folder of the native metric library, :mod:`mxoid.metrics.native`), about 12 MB.
 A folder that cannot be written only means no cache. ``MXOID_OPERATOR_CACHE=0`` turns
 it off (so does ``MXOID_NO_COMPAT``, which turns off the whole start-up hook).
 
@@ -62,6 +72,17 @@ MODULES = ("mxnet.ndarray.register", "mxnet.symbol.register")
 
 HEADER = importlib.util.MAGIC_NUMBER + b" mxoid operator functions 1\n"
 _CALLS = ("_imperative_invoke(", "_symbol_creator(")  # the call that names the handle
+_GENERATORS = ("_generate_ndarray_function_code", "_generate_symbol_function_code")
+_GENERATOR_FILES = (
+    "base.py",
+    "ndarray/register.py",
+    "symbol/register.py",
+    "ndarray_doc.py",
+    "symbol_doc.py",
+    "libinfo.py",
+)
+_INITIALIZERS = ("_init_op_module", "_init_np_op_module")  # mxnet.base's, making them
+_SOURCES = "sources"  # the file's entry of MXNet's sources: (identity, {name: entry})
 STALE_SECONDS = 3600
 """A temporary file this old is the remains of a killed save: the next save removes it."""
 _FUTURE = functools.reduce(
@@ -88,7 +109,7 @@ def enabled() -> bool:
     return os.environ.get(DISABLE, "1").strip() != "0"
 
 
-def _read(path: str) -> Dict[bytes, types.CodeType]:
+def _load(path: str) -> Dict[Any, Any]:
     try:
         with open(path, "rb") as file:
             data = file.read()
@@ -97,12 +118,34 @@ def _read(path: str) -> Dict[bytes, types.CodeType]:
     if not data.startswith(HEADER):
         return {}
     try:
-        codes = marshal.loads(memoryview(data)[len(HEADER) :])
+        loaded = marshal.loads(memoryview(data)[len(HEADER) :])
     except (EOFError, ValueError, TypeError):
         return {}
-    if not isinstance(codes, dict):
-        return {}
-    return {k: v for k, v in codes.items() if isinstance(v, types.CodeType)}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def _read(path: str) -> Dict[bytes, types.CodeType]:
+    return {k: v for k, v in _load(path).items() if isinstance(v, types.CodeType)}
+
+
+def identity(base: Any) -> Optional[str]:
+    """Say what MXNet's operator sources are made from.
+
+    Its library and the files that write them (path, size, modification time), Python's
+    version, the line separator. ``base``: ``mxnet.base``, loaded. None where one of them
+    cannot be found.
+    """
+    folder = os.path.dirname(os.path.abspath(base.__file__))
+    paths = [getattr(getattr(base, "_LIB", None), "_name", None)]
+    paths += [os.path.join(folder, *part.split("/")) for part in _GENERATOR_FILES]
+    parts = [sys.version, repr(os.linesep)]
+    try:
+        for path in paths:
+            status = os.stat(path)
+            parts.append(f"{path}:{status.st_size}:{status.st_mtime_ns}")
+    except (OSError, TypeError, ValueError):
+        return None
+    return "\n".join(parts)
 
 
 def _with_handle(code: types.CodeType, stand_in: int, handle: int) -> types.CodeType:
@@ -126,6 +169,13 @@ def _remove_stale(folder: str, name: str) -> None:
                 pass
 
 
+class _Source(str):
+    """An operator source served from the file, with the code it compiles to."""
+
+    code: types.CodeType
+    flags: int
+
+
 class OperatorCache:
     """The compiled operator functions of one ``import mxnet``: :meth:`exec`, then :meth:`save`.
 
@@ -139,15 +189,19 @@ class OperatorCache:
 
     def __init__(self, path: Optional[str] = None) -> None:
         self.path = path or cache_file()
-        self.known = _read(self.path)
+        loaded = _load(self.path)
+        self.known = {k: v for k, v in loaded.items() if isinstance(v, types.CodeType)}
+        self.stored = loaded.get(_SOURCES)  # the sources, until identity() is known
         self.used: Dict[bytes, types.CodeType] = {}
         self.compiled = 0
+        self.identity: Optional[str] = None
+        self.sources: Dict[Any, Any] = {}  # (module, operator, function name) -> entry
+        self.noted: Dict[Any, Any] = {}  # the entries this import used
+        self.generated = 0  # sources MXNet wrote (not served from the file)
+        self.pending: Any = None  # the last source MXNet wrote, until exec compiles it
 
-    def code(self, source: str, flags: int = 0) -> Optional[types.CodeType]:
-        """Return the compiled code of one of MXNet's operator sources; None for any other text.
-
-        ``flags``: the ``__future__`` compiler flags of the code calling ``exec``.
-        """
+    def _parse(self, source: str, flags: int) -> Optional[tuple]:
+        """Return (generic text, handle's start, its digits, key) of a source; or None."""
         if sum(source.count(call) for call in _CALLS) != 1:
             return None
         call = next(call for call in _CALLS if call in source)
@@ -161,12 +215,27 @@ class OperatorCache:
             return None
         generic = source[:start] + stand_in + source[end:]
         key = hashlib.blake2b(b"%d\n%s" % (flags, generic.encode()), digest_size=16).digest()
+        return generic, start, handle, key
+
+    def code(self, source: str, flags: int = 0) -> Optional[types.CodeType]:
+        """Return the compiled code of one of MXNet's operator sources; None for any other text.
+
+        ``flags``: the ``__future__`` compiler flags of the code calling ``exec``.
+        """
+        parsed = self._parse(source, flags)
+        if parsed is None:
+            return None
+        generic, start, handle, key = parsed
         code = self.used.get(key) or self.known.get(key)
         if code is None:
             code = compile(generic, "<string>", "exec", flags=flags, dont_inherit=True)
             self.compiled += 1
         self.used[key] = code
-        return _with_handle(code, int(stand_in), int(handle))
+        pending, self.pending = self.pending, None
+        if pending is not None and pending[0] is source:  # MXNet wrote it: note it
+            self.noted[pending[1]] = (generic, start, len(handle), pending[2], flags, key)
+            self.generated += 1
+        return _with_handle(code, int("9" * len(handle)), int(handle))
 
     def exec(self, source: Any, globals: Any = None, locals: Any = None) -> None:  # noqa: A002
         """``exec`` as MXNet calls it (``exec(code, None, local)``), from the cache."""
@@ -175,15 +244,122 @@ class OperatorCache:
             globals = caller.f_globals  # noqa: A001
             if locals is None:
                 locals = caller.f_locals  # noqa: A001
-        if isinstance(source, str):
-            source = self.code(source, caller.f_code.co_flags & _FUTURE) or source
+        flags = caller.f_code.co_flags & _FUTURE
+        if type(source) is _Source and source.flags == flags:
+            source = source.code
+        elif isinstance(source, str):
+            source = self.code(str(source), flags) or source
         builtins.exec(source, globals, locals)
 
+    def serve_sources(self, identity: Optional[str]) -> None:
+        """Serve MXNet's sources from the file where it was written for ``identity``.
+
+        See :func:`identity`; the sources are noted for the next file. None: neither.
+        """
+        stored, self.stored = self.stored, None
+        self.identity = identity
+        if identity is None or not isinstance(stored, tuple) or len(stored) != 2:
+            return
+        if stored[0] == identity and isinstance(stored[1], dict):
+            self.sources = stored[1]
+
+    def _serve(self, name: tuple, handle: Any) -> Optional[tuple]:
+        entry = self.sources.get(name)
+        if entry is None:
+            return None
+        try:
+            generic, start, length, doc, flags, key = entry
+            digits = str(int(handle.value))
+            code = self.used.get(key) or self.known.get(key)
+            if code is None or len(digits) != length or not isinstance(doc, (str, type(None))):
+                return None
+            source = _Source(generic[:start] + digits + generic[start + length :])
+            source.code = _with_handle(code, int("9" * length), int(digits))
+            source.flags = int(flags)
+        except (TypeError, ValueError, AttributeError):  # an entry the file damaged
+            return None
+        self.used[key] = code
+        self.noted[name] = entry
+        return source, doc
+
+    def generator(self, original: Any, module: str) -> Any:
+        """Return MXNet's source writer ``original`` (of the module ``module``), served.
+
+        It serves what :meth:`serve_sources` gave, and notes what it writes.
+        """
+
+        @functools.wraps(original)
+        def generate(handle: Any, op_name: str, func_name: str, signature_only: bool = False):
+            name = (module, op_name, func_name)
+            if not signature_only and self.identity is not None:
+                served = self._serve(name, handle)
+                if served is not None:
+                    return served
+            text, doc = original(handle, op_name, func_name, signature_only)
+            if not signature_only and self.identity is not None:
+                self.pending = (text, name, doc)
+            return text, doc
+
+        return generate
+
+    def initializer(self, initialize: Any) -> Any:
+        """Return MXNet's ``_init_op_module`` or ``_init_np_op_module``, served.
+
+        During the call (while the import runs), the source writer of the module of its
+        ``make_op_func`` is :meth:`generator`'s.
+        """
+
+        @functools.wraps(initialize)
+        def served(*args: Any, **kwargs: Any) -> Any:
+            make = kwargs.get("make_op_func", args[-1] if args else None)
+            names = getattr(getattr(make, "__code__", None), "co_names", ())
+            space = getattr(make, "__globals__", {})
+            found = [n for n in _GENERATORS if n in names and n in space]
+            if self.identity is None or len(found) != 1:
+                return initialize(*args, **kwargs)
+            original = space[found[0]]
+            space[found[0]] = self.generator(original, str(space.get("__name__")))
+            try:
+                return initialize(*args, **kwargs)
+            finally:
+                space[found[0]] = original
+
+        served.mxoid_serves = initialize  # type: ignore[attr-defined]
+        return served
+
+    def serve(self, base: Any) -> None:
+        """Serve MXNet's sources from the file: ``base`` is ``mxnet.base``, just loaded.
+
+        Its two functions that make the operator functions become :meth:`initializer`'s.
+        """
+        self.serve_sources(identity(base))
+        for name in _INITIALIZERS:
+            if callable(vars(base).get(name)):
+                setattr(base, name, self.initializer(getattr(base, name)))
+
+    @staticmethod
+    def restore() -> None:
+        """Give MXNet's modules back their own functions that :meth:`serve` replaced."""
+        for name, module in list(sys.modules.items()):
+            if not name.startswith("mxnet") or module is None:
+                continue
+            space = vars(module)
+            for attribute in _INITIALIZERS:
+                own = getattr(space.get(attribute), "mxoid_serves", None)
+                if own is not None:
+                    space[attribute] = own
+
     def save(self) -> bool:
-        """Write what this import used if it compiled anything; False where it cannot."""
+        """Write what this import used if it compiled or wrote anything.
+
+        False where it cannot.
+        """
         used, self.known, self.used = self.used, {}, {}  # the import is over: free them
-        if not self.compiled or not used:
+        noted, self.sources, self.noted = self.noted, {}, {}
+        if not (self.compiled or self.generated) or not used:
             return True
+        if self.identity is not None and noted:
+            used[_SOURCES] = (self.identity, noted)  # type: ignore[index]
         folder = os.path.dirname(self.path)
         temporary = f"{self.path}.{os.urandom(6).hex()}.tmp"
         try:

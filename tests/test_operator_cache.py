@@ -3,6 +3,7 @@ function the same code and documentation as MXNet's own ``exec`` makes, the file
 whole or not at all, and any damaged, foreign or unwritable cache only costs the time."""
 
 import json
+import marshal
 import os
 import subprocess
 import sys
@@ -75,8 +76,11 @@ for module_name, module in sorted(sys.modules.items()):
         # as MXNet leaves it (it rewrites some numpy operators' docstrings after making them)
         docs[module_name + "." + attribute] = function.__doc__
 digest = hashlib.sha256(json.dumps(docs, sort_keys=True).encode()).hexdigest()
+own = [vars(m)[name] is vars(mx.base)[name] and not hasattr(vars(m)[name], "mxoid_serves")
+       for m in sys.modules.values() if getattr(m, "__name__", "").startswith("mxnet")
+       for name in ("_init_op_module", "_init_np_op_module") if name in vars(m)]
 print("RESULT " + json.dumps({"checked": checked, "different": different[:20], "served": served,
-                              "docs": digest}))
+                              "docs": digest, "mxnets_own": len(own) >= 8 and all(own)}))
 """
 
 TRAIN = r"""
@@ -135,7 +139,47 @@ def test_every_operator_function_is_the_one_mxnet_makes_with_or_without_the_file
     for result in (first, second, off):
         assert result["checked"] > 2300 and result["different"] == [], result
         assert (result["checked"], result["docs"]) == (off["checked"], off["docs"])
+        assert result["mxnets_own"], result  # MXNet's _init_op_module... given back
     assert first["served"] == second["served"] == ["method", "method"]
+    identity, sources = operator_cache._load(str(_cache_file(cache)))[operator_cache._SOURCES]
+    assert len(sources) > 2300 and "libmxnet.so" in identity  # the second served them all
+
+
+def _rewrite_sources(path, change):
+    """Rewrite the file's sources (identity, entries) with ``change``."""
+    loaded = operator_cache._load(str(path))
+    loaded[operator_cache._SOURCES] = change(*loaded[operator_cache._SOURCES])
+    path.write_bytes(HEADER + marshal.dumps(loaded))
+
+
+@pytest.mark.adversarial
+def test_sources_of_another_mxnet_or_damaged_ones_are_written_again_by_mxnet(tmp_path):
+    """The sources are served only for the library and files they were written from (the
+    identity: paths, sizes, modification times); a damaged entry is written by MXNet
+    again: every function as MXNet makes it, and the file written anew."""
+    cache = tmp_path / "cache"
+    off = _run(SAME_AS_EXEC, tmp_path / "off", MXOID_OPERATOR_CACHE="0")
+    _run(TRAIN, cache)  # writes the file
+    path = _cache_file(cache)
+
+    def damage(identity, entries):
+        names = sorted(entries)
+        for name, broken in zip(names, ([], ("x",) * 6, (1, 2, 3, 4, 5, 6), None)):
+            entries[name] = broken  # wrong length, types, no code behind its key, None
+        generic, start, length, doc, flags, key = entries[names[4]]
+        entries[names[4]] = (generic, start, length + 1, doc, flags, key)  # handle's length
+        return identity, entries
+
+    for change in (damage, lambda identity, entries: ("another MXNet", entries)):
+        _rewrite_sources(path, change)
+        written = path.stat().st_mtime_ns
+        result = _run(SAME_AS_EXEC, cache)
+        assert result["different"] == [] and result["mxnets_own"], result
+        assert (result["checked"], result["docs"]) == (off["checked"], off["docs"])
+        assert path.stat().st_mtime_ns != written  # MXNet wrote sources again: saved
+        identity, sources = operator_cache._load(str(path))[operator_cache._SOURCES]
+        assert identity != "another MXNet" and len(sources) > 2300
+        assert all(isinstance(entry, tuple) and len(entry) == 6 for entry in sources.values())
 
 
 def test_training_runs_on_functions_from_the_file(tmp_path):
