@@ -30,7 +30,8 @@ How it stays exact
   were written for the same :func:`identity`: the path, size and modification time of
   ``libmxnet.so`` and of the Python files that write the sources, Python's version and
   the line separator; another MXNet, a changed file or a damaged entry, and MXNet
-  writes it (tested: the same functions, and the file written anew). The handle of
+  writes it (tested: the same functions, and the file written anew). The sources of
+  :data:`OTHER_INSTALLS` other installs (other virtual environments) are kept too. The handle of
   the operator in this process goes into the served text, as into the code.
 - One file per Python bytecode version (``mxnet-operators.cpython-311.marshal``...),
   starting with that Python's magic number; a file that cannot be read as one is
@@ -82,7 +83,10 @@ _GENERATOR_FILES = (
     "libinfo.py",
 )
 _INITIALIZERS = ("_init_op_module", "_init_np_op_module")  # mxnet.base's, making them
-_SOURCES = "sources"  # the file's entry of MXNet's sources: (identity, {name: entry})
+_SOURCES = "sources"  # the file's entry of MXNet's sources: {identity: {name: entry}}
+OTHER_INSTALLS = 2
+"""Sources kept for other MXNet installs sharing the file (other virtual environments of
+the same Python), besides this one's, so that they do not write it in turns."""
 STALE_SECONDS = 3600
 """A temporary file this old is the remains of a killed save: the next save removes it."""
 _FUTURE = functools.reduce(
@@ -199,6 +203,7 @@ class OperatorCache:
         self.noted: Dict[Any, Any] = {}  # the entries this import used
         self.generated = 0  # sources MXNet wrote (not served from the file)
         self.pending: Any = None  # the last source MXNet wrote, until exec compiles it
+        self.others: list = []  # (identity, entries) of other installs, kept in the file
 
     def _parse(self, source: str, flags: int) -> Optional[tuple]:
         """Return (generic text, handle's start, its digits, key) of a source; or None."""
@@ -258,10 +263,14 @@ class OperatorCache:
         """
         stored, self.stored = self.stored, None
         self.identity = identity
-        if identity is None or not isinstance(stored, tuple) or len(stored) != 2:
-            return
-        if stored[0] == identity and isinstance(stored[1], dict):
-            self.sources = stored[1]
+        stored = stored if isinstance(stored, dict) else {}
+        self.others = [
+            (other, entries)
+            for other, entries in stored.items()
+            if other != identity and isinstance(other, str) and isinstance(entries, dict)
+        ][:OTHER_INSTALLS]
+        if identity is not None and isinstance(stored.get(identity), dict):
+            self.sources = stored[identity]
 
     def _serve(self, name: tuple, handle: Any) -> Optional[tuple]:
         entry = self.sources.get(name)
@@ -354,12 +363,20 @@ class OperatorCache:
 
         False where it cannot.
         """
-        used, self.known, self.used = self.used, {}, {}  # the import is over: free them
+        used, known, self.known, self.used = self.used, self.known, {}, {}  # free them
         noted, self.sources, self.noted = self.noted, {}, {}
+        others, self.others = self.others, []
         if not (self.compiled or self.generated) or not used:
             return True
         if self.identity is not None and noted:
-            used[_SOURCES] = (self.identity, noted)  # type: ignore[index]
+            sources = {self.identity: noted}
+            for other, entries in others:  # and the codes they need, where known
+                sources[other] = entries
+                for entry in entries.values():
+                    key = entry[-1] if isinstance(entry, tuple) and entry else None
+                    if isinstance(key, bytes) and key in known:
+                        used.setdefault(key, known[key])
+            used[_SOURCES] = sources  # type: ignore[index]
         folder = os.path.dirname(self.path)
         temporary = f"{self.path}.{os.urandom(6).hex()}.tmp"
         try:
