@@ -14,12 +14,8 @@ What it touches
   ``npv``, ``pmt``, ``ppmt``, ``pv``, ``rate``) as functions that raise, saying to
   use ``numpy-financial``.
 - ``distutils.version`` on Python 3.12+, where ``distutils`` is gone and setuptools
-  may be absent: a module with ``LooseVersion`` and ``StrictVersion`` (MXNet only
-  compares version strings with them); setuptools' own copy when it is installed.
-  Where ``distutils`` does import (Python <= 3.11, or setuptools' shim), MXNet's import
-  is lent the file that import would run, loaded alone, and it is taken back after:
-  the shim's ``import distutils`` imports all of setuptools, 0.05-0.1 CPU-seconds of
-  every ``import mxnet``.
+  may be absent; and where it does import, the file MXNet's import would run, lent to
+  that import alone (:mod:`mxoid.distutils_version`).
 - ``mxnet.recordio.pack`` and ``pack_img`` on NumPy 2.3+, which removed
   ``ndarray.tostring``: the same record format, written with ``tobytes``.
 - ``scipy.sparse.csr`` where SciPy no longer has it (MXNet reads
@@ -52,12 +48,11 @@ import importlib.util
 import math
 import numbers
 import os
-import re
 import struct
 import sys
 import types
 import warnings
-from typing import Any, Callable, Dict, Optional, Sequence
+from typing import Any, Callable, Dict, Optional
 
 __all__ = ["DISABLE", "apply", "install_import_hook", "patch_quantization", "patch_recordio"]
 
@@ -122,133 +117,6 @@ def _add_missing(module: Any, names: Dict[str, Any]) -> None:
                 setattr(module, name, value)
 
 
-def _native_distutils() -> bool:
-    """Tell whether ``import distutils`` works without mxoid.
-
-    It does on Python <= 3.11 (the standard library's), or where setuptools' start-up
-    shim (``distutils-precedence.pth``) serves it.
-    """
-    return sys.version_info < (3, 12) or _distutils_shim()
-
-
-def _distutils_shim() -> bool:
-    return any(type(finder).__module__ == "_distutils_hack" for finder in sys.meta_path)
-
-
-def _setuptools_version_file() -> Optional[str]:
-    """Find setuptools' copy of ``distutils/version.py`` without importing setuptools."""
-    spec = importlib.machinery.PathFinder.find_spec("setuptools")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(list(spec.submodule_search_locations)[0], "_distutils", "version.py")
-    return path if os.path.isfile(path) else None
-
-
-def _version_file() -> Optional[str]:
-    """Find the ``distutils/version.py`` that ``import distutils.version`` would run here."""
-    if _distutils_shim():  # setuptools serves distutils: its copy
-        return _setuptools_version_file()
-    stdlib = os.path.join(os.path.dirname(os.__file__), "distutils", "version.py")
-    return stdlib if os.path.isfile(stdlib) else None
-
-
-def _load_version(path: str) -> Optional[types.ModuleType]:
-    spec = importlib.util.spec_from_file_location("distutils.version", path)
-    if spec is None or spec.loader is None:
-        return None
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception:  # noqa: BLE001  (then MXNet imports distutils as it would)
-        return None
-    return module
-
-
-def _lend_distutils_version() -> Optional[types.ModuleType]:
-    """Lend MXNet's import the ``distutils.version`` that it would import, loaded alone.
-
-    MXNet imports ``distutils.version`` (two comparisons of NumPy's version); where
-    setuptools serves distutils, as it does by default wherever it is installed, that
-    import imports setuptools: 0.05-0.1 of the 0.6 CPU-seconds of ``import mxnet``. The
-    same file (setuptools' copy there, else the standard library's), run alone, gives
-    MXNet classes of the same code; :func:`_return_distutils_version` takes the module
-    back after the import, so that the program's own ``import distutils`` later is
-    served as without mxoid (those classes are then that import's, not MXNet's). None
-    where nothing is lent (``distutils.version`` imported already, or only mxoid's own
-    version module can serve: :func:`_distutils_version`).
-    """
-    if "distutils.version" in sys.modules or not _native_distutils():
-        return None
-    path = _version_file()
-    module = _load_version(path) if path else None
-    if module is not None:
-        sys.modules["distutils.version"] = module
-    return module
-
-
-def _return_distutils_version(module: Optional[types.ModuleType]) -> None:
-    """Take back what :func:`_lend_distutils_version` lent, if it is still there."""
-    if module is not None and sys.modules.get("distutils.version") is module:
-        del sys.modules["distutils.version"]
-
-
-def _distutils_version() -> None:
-    """Make ``from distutils.version import LooseVersion`` work where distutils is gone.
-
-    That is Python 3.12+ without setuptools' shim: setuptools' copy, run alone, where
-    setuptools is installed, else :func:`_version_module`.
-    """
-    if "distutils.version" in sys.modules or _native_distutils():
-        return
-    path = _setuptools_version_file()
-    module = (_load_version(path) if path else None) or _version_module()
-    package = sys.modules.get("distutils") or types.ModuleType("distutils")
-    package.__path__ = []  # a package, so that distutils.version imports
-    package.version = module
-    sys.modules.setdefault("distutils", package)
-    sys.modules["distutils.version"] = module
-
-
-def _version_module() -> types.ModuleType:
-    """``LooseVersion`` and ``StrictVersion``: version strings compared part by part."""
-    module = types.ModuleType("distutils.version")
-
-    class LooseVersion:
-        def __init__(self, text: str) -> None:
-            self.vstring = str(text)
-            self.version = [
-                int(p) if p.isdigit() else p
-                for p in re.split(r"(\d+|[a-z]+|\.)", self.vstring)
-                if p and p != "."
-            ]
-
-        def _key(self, other: Any) -> Sequence[Any]:
-            other = other if isinstance(other, LooseVersion) else LooseVersion(other)
-            return [(0, p) if isinstance(p, int) else (1, p) for p in other.version]
-
-        def __eq__(self, other: Any) -> bool:
-            return self._key(self) == self._key(other)
-
-        def __lt__(self, other: Any) -> bool:
-            return self._key(self) < self._key(other)
-
-        def __le__(self, other: Any) -> bool:
-            return self._key(self) <= self._key(other)
-
-        def __gt__(self, other: Any) -> bool:
-            return self._key(self) > self._key(other)
-
-        def __ge__(self, other: Any) -> bool:
-            return self._key(self) >= self._key(other)
-
-        def __repr__(self) -> str:
-            return f"LooseVersion({self.vstring!r})"
-
-    module.LooseVersion = LooseVersion
-    module.StrictVersion = LooseVersion
-    return module
-
-
 def apply() -> None:
     """Add the names MXNet 1.9.1 needs and this Python or NumPy lacks; change nothing else.
 
@@ -260,7 +128,7 @@ def apply() -> None:
     import numpy
 
     _add_missing(numpy, _numpy_names(numpy))
-    _distutils_version()
+    _start_up_module("distutils_version").provide()
     if "mxnet.recordio" in sys.modules:
         patch_recordio(sys.modules["mxnet.recordio"])
     if "mxnet.ndarray.utils" in sys.modules:
@@ -345,13 +213,16 @@ def _patch_sparse(utils: Any) -> None:
             sparse.csr = types.SimpleNamespace(csr_matrix=sparse.csr_matrix)
 
 
+_STARTED: Dict[str, Any] = {}  # mxoid's modules loaded by their path at start-up
+
+
 def _start_up_module(name: str) -> Any:
     """Return mxoid's module ``name`` (standard library only).
 
     Loaded by its path where mxoid is not imported: at start-up neither mxoid nor MXNet
     is imported yet.
     """
-    module = sys.modules.get(f"mxoid.{name}")
+    module = sys.modules.get(f"mxoid.{name}") or _STARTED.get(name)
     if module is not None:
         return module
     where = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
@@ -360,6 +231,7 @@ def _start_up_module(name: str) -> Any:
         return None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    _STARTED[name] = module
     return module
 
 
@@ -386,13 +258,6 @@ _AFTER_IMPORT = {
 }
 
 
-class _Lent:
-    """What MXNet's import is lent while it runs (its imports are deferred meanwhile)."""
-
-    def __init__(self, distutils: Optional[types.ModuleType]) -> None:
-        self.distutils = distutils
-
-
 class _MXNetImportHook(importlib.abc.MetaPathFinder):
     """Apply the NumPy names before MXNet is first imported; fix MXNet's modules after.
 
@@ -401,7 +266,8 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
     """
 
     operators: Any = None  # the OperatorCache of the import of MXNet under way
-    lent: Any = None  # while MXNet is imported: what is lent to its import (_Lent)
+    importing = False  # MXNet's import runs: its imports of requests and onnx are deferred
+    lent: Any = None  # the distutils.version lent to MXNet's import, until it is taken back
     deferred: Any = None  # mxoid.deferred_imports, once MXNet's import has used it
 
     def find_spec(
@@ -412,12 +278,13 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
         if not fullname.startswith("mxnet"):
             if self.deferred is None:
                 return None
-            return self.deferred.find_spec(fullname, path, target, self.lent is not None)
+            return self.deferred.find_spec(fullname, path, target, self.importing)
         if fullname == "mxnet":
             apply()
             self.operators = _operator_cache()
             self.deferred = self.deferred or _deferred_imports()
-            self.lent = _Lent(_lend_distutils_version())
+            self.importing = True
+            self.lent = _start_up_module("distutils_version").lend()
             return self._wrapped(
                 fullname, path, target, after=self._save_operators, settle=self._take_back
             )
@@ -478,9 +345,8 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
     def _take_back(self, module: Any) -> None:
         if self.operators is not None:
             self.operators.restore()
-        lent, self.lent = self.lent, None
-        if lent is not None:
-            _return_distutils_version(lent.distutils)
+        lent, self.lent, self.importing = self.lent, None, False
+        _start_up_module("distutils_version").take_back(lent)
 
     def _save_operators(self, module: Any) -> None:
         operators, self.operators = self.operators, None

@@ -21,6 +21,7 @@ TOP_LEVEL = {
     "cli",
     "compat",
     "deferred_imports",  # beside compat: loaded by its path at start-up
+    "distutils_version",  # beside compat: loaded by its path at start-up
     "errors",
     "inference",
     "launch",

@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from mxoid import compat
+from mxoid import compat, distutils_version
 
 NUMPY_2 = int(np.__version__.split(".")[0]) >= 2
 
@@ -120,6 +120,7 @@ def test_mxnet_gets_the_distutils_version_it_would_import_and_setuptools_stays_o
     as it would have. Where no distutils imports (Python 3.12+ without setuptools' shim),
     mxoid's stand-in serves, as before."""
     env = {"SETUPTOOLS_USE_DISTUTILS": setting}
+    setuptools_copy = distutils_version.setuptools_version_file()
     code, plain = python(PLAIN_DISTUTILS, **env)
     code, out = python(MXNET_DISTUTILS, **env)
     assert code == 0, out
@@ -128,8 +129,8 @@ def test_mxnet_gets_the_distutils_version_it_would_import_and_setuptools_stays_o
         assert [mxnet_file] == _said(plain, "plain"), (out, plain)
         assert _said(out, "left") == ["[]"], out
     else:
-        assert mxnet_file in (compat.__file__, compat._setuptools_version_file()), out
-    if _said(plain, "plain") and compat._setuptools_version_file():
+        assert mxnet_file in (distutils_version.__file__, setuptools_copy), out
+    if _said(plain, "plain") and setuptools_copy:
         code, out = python(MXNET_DISTUTILS + "\n", "mxnet-then-distutils", **env)
         assert code == 0, out
         assert _said(out, "own") == _said(plain, "plain"), (out, plain)
@@ -157,7 +158,7 @@ def test_only_missing_names_are_added():
 
 
 def test_version_comparisons_without_distutils():
-    version = compat._version_module()
+    version = distutils_version.version_module()
     assert version.LooseVersion("1.19.5") < "1.23.0" < version.LooseVersion("1.23.10")
     assert version.StrictVersion("2.0.0") >= "1.26.4"
 
