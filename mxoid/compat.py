@@ -33,7 +33,9 @@ that calls :func:`install_import_hook`: a finder that applies the NumPy and
 distutils names just before MXNet is first imported, and fixes ``mxnet.recordio``,
 ``mxnet.ndarray.utils`` and ``mxnet.contrib.quantization`` right after they load.
 Until MXNet is imported it
-costs nothing (it imports nothing). The same finder serves MXNet's operator functions
+costs nothing (it imports nothing), and finding MXNet without importing it
+(``importlib.util.find_spec("mxnet")``, as a parameter-server scheduler does to
+locate ``libmxnet.so``) changes nothing either. The same finder serves MXNet's operator functions
 from a cache while MXNet is imported (:mod:`mxoid.operator_cache`: ``import mxnet`` in
 about half the CPU time; ``MXOID_OPERATOR_CACHE=0`` turns that alone off). Set
 ``MXOID_NO_COMPAT=1`` to turn all of it off.
@@ -279,14 +281,14 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
             if self.deferred is None:
                 return None
             return self.deferred.find_spec(fullname, path, target, self.importing)
-        if fullname == "mxnet":
-            apply()
-            self.operators = _operator_cache()
-            self.deferred = self.deferred or _deferred_imports()
-            self.importing = True
-            self.lent = _start_up_module("distutils_version").lend()
+        if fullname == "mxnet":  # prepared when MXNet runs: a find_spec alone changes nothing
             return self._wrapped(
-                fullname, path, target, after=self._save_operators, settle=self._take_back
+                fullname,
+                path,
+                target,
+                before=self._begin,
+                after=self._save_operators,
+                settle=self._take_back,
             )
         if fullname in _AFTER_IMPORT:
             return self._wrapped(fullname, path, target, after=_AFTER_IMPORT[fullname])
@@ -308,19 +310,17 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
         """Return the spec PathFinder finds, its loader wrapped.
 
         It runs ``before`` the module, ``after`` it once it has loaded, and ``settle``
-        whether it loaded or raised.
+        whether it (or ``before``) loaded or raised. Finding the spec runs none of them.
         """
         spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
         if spec is None or spec.loader is None:
-            if settle is not None:
-                settle(None)
             return spec
         run = spec.loader.exec_module
 
         def exec_module(module: Any) -> None:
-            if before is not None:
-                before(module)
             try:
+                if before is not None:
+                    before(module)
                 run(module)
             finally:
                 if settle is not None:
@@ -330,6 +330,14 @@ class _MXNetImportHook(importlib.abc.MetaPathFinder):
 
         spec.loader.exec_module = exec_module
         return spec
+
+    def _begin(self, module: Any) -> None:
+        """MXNet's import starts: its names, the operator cache, deferral, distutils lent."""
+        apply()
+        self.operators = _operator_cache()
+        self.deferred = self.deferred or _deferred_imports()
+        self.importing = True
+        self.lent = _start_up_module("distutils_version").lend()
 
     def _serve_sources(self, module: Any) -> None:
         try:

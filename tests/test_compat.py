@@ -1,6 +1,7 @@
 """MXNet 1.9.1 on today's Python and NumPy: whatever is imported first, only missing names
 added, RecordIO with array labels, and a switch to turn it off."""
 
+import json
 import os
 import re
 import subprocess
@@ -51,6 +52,33 @@ def test_the_start_up_file_installs_the_hook_in_every_interpreter():
     assert code == 0 and "_MxoidStartUpHook" in out, out
     code, out = python("import sys; print([m in sys.modules for m in ('numpy', 'mxnet', 'mxoid')])")
     assert out.strip() == "[False, False, False]"  # it imports nothing until MXNet is imported
+
+
+FIND_ONLY = """
+import importlib.util, json, sys
+importlib.util.find_spec("mxnet")
+loaded = sorted(m for m in sys.modules if m.split(".")[0] in
+                ("numpy", "distutils", "setuptools", "mxnet", "mxoid", "requests")
+                or (m.endswith("_at_start_up") and m != "mxoid_compat_at_start_up"))
+import requests
+plain = type(requests).__name__
+import mxnet
+hook = next(f for f in sys.meta_path if type(f).__name__ == "_MxoidStartUpHook").hook
+started = sorted(hook.find_spec.__globals__["_STARTED"])  # compat's modules loaded by path
+print(json.dumps({"loaded": loaded, "requests": plain, "started": started}))
+"""
+
+
+def test_finding_mxnet_without_importing_it_changes_nothing():
+    """``importlib.util.find_spec("mxnet")`` (how a parameter-server scheduler finds
+    ``libmxnet.so``) is no import: NumPy, distutils, the operator cache stay out, the
+    program's own ``import requests`` is a plain one; MXNet imported later still gets all."""
+    code, out = python(FIND_ONLY)
+    assert code == 0, out
+    found = json.loads(out.strip().splitlines()[-1])
+    assert found["loaded"] == [], found  # the hook's own compat.py aside: nothing
+    assert found["requests"] == "module", found  # not deferred: MXNet was not importing
+    assert found["started"] == ["deferred_imports", "distutils_version", "operator_cache"]
 
 
 # What MXNet 1.9.1 takes from NumPy when it is imported (mxnet/numpy/utils.py), in its order.
