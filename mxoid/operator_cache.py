@@ -33,11 +33,14 @@ How it stays exact
   writes it (tested: the same functions, and the file written anew). The sources of
   :data:`OTHER_INSTALLS` other installs (other virtual environments) are kept too. The handle of
   the operator in this process goes into the served text, as into the code.
-- One file per Python bytecode version (``mxnet-operators.cpython-311.marshal``...),
+- One file per Python bytecode version (``mxnet-operators-2.cpython-311.marshal``...),
   starting with that Python's magic number; a file that cannot be read as one is
-  ignored and replaced. A process writes it (a temporary file renamed over it, so a
-  reader sees a whole file or the previous one) only when it compiled or wrote
-  something, with exactly what its own import used.
+  ignored and replaced. An import maps the file and reads the codes and its own
+  install's sources, not the other installs' (:class:`_File`). A process writes it
+  (a temporary file renamed over it, so a reader sees a whole file or the previous
+  one) only when it compiled or wrote something, with exactly what its own import
+  used; it then removes the file of the earlier layout (``mxnet-operators.cpython-311
+  .marshal``, read whole by every import), if any.
 
 Where: ``$MXOID_CACHE_DIR``, else ``$XDG_CACHE_HOME/mxoid``, else ``~/.cache/mxoid``
 (the folder of the native metric library, :mod:`mxoid.metrics.native`), about 12 MB.
@@ -56,6 +59,7 @@ import functools
 import hashlib
 import importlib.util
 import marshal
+import mmap
 import operator
 import os
 import sys
@@ -71,7 +75,7 @@ DISABLE = "MXOID_OPERATOR_CACHE"
 MODULES = ("mxnet.ndarray.register", "mxnet.symbol.register")
 """The MXNet modules whose ``exec`` calls the cache serves."""
 
-HEADER = importlib.util.MAGIC_NUMBER + b" mxoid operator functions 1\n"
+HEADER = importlib.util.MAGIC_NUMBER + b" mxoid operator functions 2\n"
 _CALLS = ("_imperative_invoke(", "_symbol_creator(")  # the call that names the handle
 _GENERATORS = ("_generate_ndarray_function_code", "_generate_symbol_function_code")
 _GENERATOR_FILES = (
@@ -105,7 +109,7 @@ def cache_dir() -> str:
 
 def cache_file() -> str:
     """Return this Python's file of compiled operator functions in :func:`cache_dir`."""
-    return os.path.join(cache_dir(), f"mxnet-operators.{sys.implementation.cache_tag}.marshal")
+    return os.path.join(cache_dir(), f"mxnet-operators-2.{sys.implementation.cache_tag}.marshal")
 
 
 def enabled() -> bool:
@@ -113,23 +117,115 @@ def enabled() -> bool:
     return os.environ.get(DISABLE, "1").strip() != "0"
 
 
+class _File:
+    """The file, mapped: its table read, each part unmarshalled only when asked for.
+
+    ``HEADER``, the table's length (8 bytes, little-endian), the table
+    (``{"codes": (start, length), "sources": {identity: (start, length)}}``, starts
+    counted from the end of the table), then the parts: the codes (``{key: code}``) and
+    each install's sources (``{(module, operator, function): entry}``). An import reads the
+    codes and its own install's sources: not the other installs' (mapped, not copied).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.data: Any = b""
+        self.table: Dict[str, Any] = {}
+        self.start = 0  # where the parts begin
+        try:
+            with open(path, "rb") as file:
+                try:
+                    self.data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+                except (OSError, ValueError):  # empty, or a file system without mmap
+                    self.data = file.read()
+        except OSError:
+            return
+        if self.data[: len(HEADER)] != HEADER:
+            return
+        size = int.from_bytes(self.data[len(HEADER) : len(HEADER) + 8], "little")
+        table = self._unmarshal(len(HEADER) + 8, size)
+        if isinstance(table, dict):
+            self.table, self.start = table, len(HEADER) + 8 + size
+
+    def _unmarshal(self, start: int, length: int) -> Any:
+        if not (0 <= start and 0 < length and start + length <= len(self.data)):
+            return None
+        try:
+            with memoryview(self.data) as view, view[start : start + length] as part:
+                return marshal.loads(part)
+        except (EOFError, ValueError, TypeError):
+            return None
+
+    def _part(self, place: Any) -> Any:
+        if not (isinstance(place, tuple) and len(place) == 2 and self.table):
+            return None
+        start, length = place
+        if not (isinstance(start, int) and isinstance(length, int)):
+            return None
+        return self._unmarshal(self.start + start, length)
+
+    def codes(self) -> Dict[bytes, types.CodeType]:
+        """Return the codes, ``{key: code}`` (empty where missing or damaged)."""
+        codes = self._part(self.table.get("codes"))
+        if not isinstance(codes, dict):
+            return {}
+        return {k: v for k, v in codes.items() if isinstance(v, types.CodeType)}
+
+    def identities(self) -> list:
+        """Return the installs whose sources the file holds, the last writer's first."""
+        sources = self.table.get(_SOURCES)
+        return [i for i in sources if isinstance(i, str)] if isinstance(sources, dict) else []
+
+    def sources(self, identity: Optional[str]) -> Dict[Any, Any]:
+        """Return the sources of the install ``identity`` (empty where none or damaged)."""
+        places = self.table.get(_SOURCES)
+        if identity is None or not isinstance(places, dict) or identity not in places:
+            return {}
+        entries = self._part(places[identity])
+        return entries if isinstance(entries, dict) else {}
+
+    def close(self) -> None:
+        if isinstance(self.data, mmap.mmap):
+            self.data.close()
+        self.data = b""
+
+
 def _load(path: str) -> Dict[Any, Any]:
+    """Return the whole file: its codes by key, and ``"sources"``: ``{identity: entries}``."""
+    file = _File(path)
     try:
-        with open(path, "rb") as file:
-            data = file.read()
-    except OSError:
-        return {}
-    if not data.startswith(HEADER):
-        return {}
-    try:
-        loaded = marshal.loads(memoryview(data)[len(HEADER) :])
-    except (EOFError, ValueError, TypeError):
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
+        loaded: Dict[Any, Any] = dict(file.codes())
+        loaded[_SOURCES] = {i: file.sources(i) for i in file.identities()}
+        return loaded
+    finally:
+        file.close()
 
 
 def _read(path: str) -> Dict[bytes, types.CodeType]:
     return {k: v for k, v in _load(path).items() if isinstance(v, types.CodeType)}
+
+
+def _write(path: str, codes: Dict[Any, Any], sources: Dict[str, Any]) -> None:
+    """Write the file (see :class:`_File`): in a temporary file renamed over it."""
+    parts = [marshal.dumps(codes)] + [marshal.dumps(entries) for entries in sources.values()]
+    places = [(sum(map(len, parts[:i])), len(part)) for i, part in enumerate(parts)]
+    head = marshal.dumps({"codes": places[0], _SOURCES: dict(zip(sources, places[1:]))})
+    folder = os.path.dirname(path)
+    temporary = f"{path}.{os.urandom(6).hex()}.tmp"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        _remove_stale(folder, os.path.basename(path))
+        with open(temporary, "xb") as file:
+            file.write(HEADER + len(head).to_bytes(8, "little") + head)
+            for part in parts:
+                file.write(part)
+        os.replace(temporary, path)
+        _remove_former(path)
+    except OSError:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
 
 
 def identity(base: Any) -> Optional[str]:
@@ -160,6 +256,18 @@ def _with_handle(code: types.CodeType, stand_in: int, handle: int) -> types.Code
         for c in code.co_consts
     )
     return code.replace(co_consts=consts)
+
+
+def _remove_former(path: str) -> None:
+    """Remove the file of the earlier layout beside ``path`` (mxoid 0.5's), if any."""
+    former = os.path.join(
+        os.path.dirname(path), f"mxnet-operators.{sys.implementation.cache_tag}.marshal"
+    )
+    if path == cache_file() and os.path.exists(former):
+        try:
+            os.unlink(former)
+        except OSError:
+            pass
 
 
 def _remove_stale(folder: str, name: str) -> None:
@@ -193,9 +301,8 @@ class OperatorCache:
 
     def __init__(self, path: Optional[str] = None) -> None:
         self.path = path or cache_file()
-        loaded = _load(self.path)
-        self.known = {k: v for k, v in loaded.items() if isinstance(v, types.CodeType)}
-        self.stored = loaded.get(_SOURCES)  # the sources, until identity() is known
+        self.file: Optional[_File] = _File(self.path)  # this install's sources: once known
+        self.known = self.file.codes()
         self.used: Dict[bytes, types.CodeType] = {}
         self.compiled = 0
         self.identity: Optional[str] = None
@@ -203,7 +310,6 @@ class OperatorCache:
         self.noted: Dict[Any, Any] = {}  # the entries this import used
         self.generated = 0  # sources MXNet wrote (not served from the file)
         self.pending: Any = None  # the last source MXNet wrote, until exec compiles it
-        self.others: list = []  # (identity, entries) of other installs, kept in the file
 
     def _parse(self, source: str, flags: int) -> Optional[tuple]:
         """Return (generic text, handle's start, its digits, key) of a source; or None."""
@@ -261,16 +367,11 @@ class OperatorCache:
 
         See :func:`identity`; the sources are noted for the next file. None: neither.
         """
-        stored, self.stored = self.stored, None
+        file, self.file = self.file, None
         self.identity = identity
-        stored = stored if isinstance(stored, dict) else {}
-        self.others = [
-            (other, entries)
-            for other, entries in stored.items()
-            if other != identity and isinstance(other, str) and isinstance(entries, dict)
-        ][:OTHER_INSTALLS]
-        if identity is not None and isinstance(stored.get(identity), dict):
-            self.sources = stored[identity]
+        if file is not None:
+            self.sources = file.sources(identity)
+            file.close()
 
     def _serve(self, name: tuple, handle: Any) -> Optional[tuple]:
         entry = self.sources.get(name)
@@ -363,33 +464,43 @@ class OperatorCache:
 
         False where it cannot.
         """
-        used, known, self.known, self.used = self.used, self.known, {}, {}  # free them
+        used, self.known, self.used = self.used, {}, {}  # free them
         noted, self.sources, self.noted = self.noted, {}, {}
-        others, self.others = self.others, []
+        if self.file is not None:
+            self.file.close()
+            self.file = None
         if not (self.compiled or self.generated) or not used:
             return True
+        sources: Dict[str, Any] = {}
         if self.identity is not None and noted:
-            sources = {self.identity: noted}
-            for other, entries in others:  # and the codes they need, where known
-                sources[other] = entries
-                for entry in entries.values():
-                    key = entry[-1] if isinstance(entry, tuple) and entry else None
-                    if isinstance(key, bytes) and key in known:
-                        used.setdefault(key, known[key])
-            used[_SOURCES] = sources  # type: ignore[index]
-        folder = os.path.dirname(self.path)
-        temporary = f"{self.path}.{os.urandom(6).hex()}.tmp"
+            sources[self.identity] = noted
+            sources.update(self._others(used))
         try:
-            os.makedirs(folder, exist_ok=True)
-            _remove_stale(folder, os.path.basename(self.path))
-            with open(temporary, "xb") as file:
-                file.write(HEADER)
-                marshal.dump(used, file)
-            os.replace(temporary, self.path)
+            _write(self.path, used, sources)
         except OSError:
-            try:
-                os.unlink(temporary)
-            except OSError:
-                pass
             return False
         return True
+
+    def _others(self, codes: Dict[bytes, Any]) -> Dict[str, Any]:
+        """Return the sources of :data:`OTHER_INSTALLS` other installs in the file now.
+
+        The codes they need, where the file has them, go into ``codes``.
+        """
+        file = _File(self.path)
+        try:
+            others = [i for i in file.identities() if i != self.identity][:OTHER_INSTALLS]
+            kept = {i: file.sources(i) for i in others}
+            kept = {i: entries for i, entries in kept.items() if entries}
+            wanted = {
+                entry[-1]
+                for entries in kept.values()
+                for entry in entries.values()
+                if isinstance(entry, tuple) and entry and isinstance(entry[-1], bytes)
+            }
+            if wanted - codes.keys():
+                for key, code in file.codes().items():
+                    if key in wanted:
+                        codes.setdefault(key, code)
+            return kept
+        finally:
+            file.close()

@@ -3,7 +3,6 @@ function the same code and documentation as MXNet's own ``exec`` makes, the file
 whole or not at all, and any damaged, foreign or unwritable cache only costs the time."""
 
 import json
-import marshal
 import os
 import subprocess
 import sys
@@ -119,7 +118,7 @@ def _run(code, cache, **env):
 
 
 def _cache_file(cache):
-    return cache / f"mxnet-operators.{sys.implementation.cache_tag}.marshal"
+    return cache / f"mxnet-operators-2.{sys.implementation.cache_tag}.marshal"
 
 
 def _is_whole(path):
@@ -152,9 +151,8 @@ def _sources(path):
 def _rewrite_sources(path, change):
     """Rewrite the file's sources of this install, (identity, entries), with ``change``."""
     loaded = operator_cache._load(str(path))
-    ((identity, entries),) = loaded[operator_cache._SOURCES].items()
-    loaded[operator_cache._SOURCES] = dict([change(identity, entries)])
-    path.write_bytes(HEADER + marshal.dumps(loaded))
+    ((identity, entries),) = loaded.pop(operator_cache._SOURCES).items()
+    operator_cache._write(str(path), loaded, dict([change(identity, entries)]))
 
 
 @pytest.mark.adversarial
@@ -193,10 +191,42 @@ def test_sources_of_another_mxnet_or_damaged_ones_are_written_again_by_mxnet(tmp
 
 
 def test_training_runs_on_functions_from_the_file(tmp_path):
+    """And the file of the earlier layout (read whole by every import) is removed."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    former = cache / f"mxnet-operators.{sys.implementation.cache_tag}.marshal"
+    former.write_bytes(b"mxoid 0.5's file")
+    assert _run(TRAIN, cache) == [4, 4.0]
+    assert _is_whole(_cache_file(cache)) and not former.exists()
+    assert _run(TRAIN, cache) == [4, 4.0]
+
+
+@pytest.mark.adversarial
+def test_an_import_reads_its_own_installs_sources_whatever_the_others_hold(tmp_path):
+    """Another install's part of the file damaged: this one's import serves everything
+    from its own part (nothing to write), and its next save drops the damaged part."""
     cache = tmp_path / "cache"
     assert _run(TRAIN, cache) == [4, 4.0]
-    assert _is_whole(_cache_file(cache))
+    path = _cache_file(cache)
+    loaded = operator_cache._load(str(path))
+    ((identity, entries),) = loaded.pop(operator_cache._SOURCES).items()
+    operator_cache._write(str(path), loaded, {identity: entries, "another MXNet": {"x": 1}})
+    file = operator_cache._File(str(path))
+    start, length = file.table[operator_cache._SOURCES]["another MXNet"]
+    start += file.start
+    file.close()
+    data = bytearray(path.read_bytes())
+    data[start : start + length] = b"\xff" * length
+    path.write_bytes(bytes(data))
+    written = path.stat().st_mtime_ns
     assert _run(TRAIN, cache) == [4, 4.0]
+    assert path.stat().st_mtime_ns == written  # served whole from its own part
+    cache_of_one = OperatorCache(str(path))
+    cache_of_one.code("def f():\n    return _symbol_creator(31, None)\n")  # compiles: saves
+    cache_of_one.identity = identity
+    cache_of_one.noted = {("m", "op", "f"): entries[next(iter(entries))]}
+    assert cache_of_one.save()
+    assert list(operator_cache._load(str(path))[operator_cache._SOURCES]) == [identity]
 
 
 def test_a_script_that_imports_mxoid_first_has_the_cache_too(tmp_path):
