@@ -249,13 +249,20 @@ def identity(base: Any) -> Optional[str]:
 
 
 def _with_handle(code: types.CodeType, stand_in: int, handle: int) -> types.CodeType:
-    consts = tuple(
-        _with_handle(c, stand_in, handle)
-        if isinstance(c, types.CodeType)
-        else (handle if type(c) is int and c == stand_in else c)
-        for c in code.co_consts
-    )
-    return code.replace(co_consts=consts)
+    """``code`` with the integer constant ``stand_in`` (in it or its nested codes) replaced."""
+    consts = code.co_consts
+    changed = None
+    for index, const in enumerate(consts):
+        kind = type(const)
+        if kind is int and const == stand_in:
+            changed = changed or list(consts)
+            changed[index] = handle
+        elif kind is types.CodeType:
+            nested = _with_handle(const, stand_in, handle)
+            if nested is not const:
+                changed = changed or list(consts)
+                changed[index] = nested
+    return code if changed is None else code.replace(co_consts=tuple(changed))
 
 
 def _remove_former(path: str) -> None:
