@@ -36,7 +36,7 @@ How it stays exact
 - One file per Python bytecode version (``mxnet-operators-2.cpython-311.marshal``...),
   starting with that Python's magic number; a file that cannot be read as one is
   ignored and replaced. An import maps the file and reads the codes and its own
-  install's sources, not the other installs' (:class:`_File`). A process writes it
+  install's sources, not the other installs' (:mod:`mxoid.operator_file`). A process writes it
   (a temporary file renamed over it, so a reader sees a whole file or the previous
   one) only when it compiled or wrote something, with exactly what its own import
   used; it then removes the file of the earlier layout (``mxnet-operators.cpython-311
@@ -58,12 +58,9 @@ import builtins
 import functools
 import hashlib
 import importlib.util
-import marshal
-import mmap
 import operator
 import os
 import sys
-import time
 import types
 from typing import Any, Dict, Optional
 
@@ -75,7 +72,6 @@ DISABLE = "MXOID_OPERATOR_CACHE"
 MODULES = ("mxnet.ndarray.register", "mxnet.symbol.register")
 """The MXNet modules whose ``exec`` calls the cache serves."""
 
-HEADER = importlib.util.MAGIC_NUMBER + b" mxoid operator functions 2\n"
 _CALLS = ("_imperative_invoke(", "_symbol_creator(")  # the call that names the handle
 _GENERATORS = ("_generate_ndarray_function_code", "_generate_symbol_function_code")
 _GENERATOR_FILES = (
@@ -87,12 +83,19 @@ _GENERATOR_FILES = (
     "libinfo.py",
 )
 _INITIALIZERS = ("_init_op_module", "_init_np_op_module")  # mxnet.base's, making them
-_SOURCES = "sources"  # the file's entry of MXNet's sources: {identity: {name: entry}}
 OTHER_INSTALLS = 2
 """Sources kept for other MXNet installs sharing the file (other virtual environments of
 the same Python), besides this one's, so that they do not write it in turns."""
-STALE_SECONDS = 3600
-"""A temporary file this old is the remains of a killed save: the next save removes it."""
+try:
+    from . import operator_file as _file
+except ImportError:  # loaded by its path at start-up (mxoid.compat): so is its sibling
+    _spec = importlib.util.spec_from_file_location(
+        "mxoid_operator_file_at_start_up",
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "operator_file.py"),
+    )
+    _file = importlib.util.module_from_spec(_spec)  # type: ignore[arg-type]
+    _spec.loader.exec_module(_file)  # type: ignore[union-attr]
+HEADER = _file.HEADER
 _FUTURE = functools.reduce(
     operator.or_, (getattr(__future__, name).compiler_flag for name in __future__.all_feature_names)
 )
@@ -115,117 +118,6 @@ def cache_file() -> str:
 def enabled() -> bool:
     """Tell whether the cache is on: False where ``MXOID_OPERATOR_CACHE=0``."""
     return os.environ.get(DISABLE, "1").strip() != "0"
-
-
-class _File:
-    """The file, mapped: its table read, each part unmarshalled only when asked for.
-
-    ``HEADER``, the table's length (8 bytes, little-endian), the table
-    (``{"codes": (start, length), "sources": {identity: (start, length)}}``, starts
-    counted from the end of the table), then the parts: the codes (``{key: code}``) and
-    each install's sources (``{(module, operator, function): entry}``). An import reads the
-    codes and its own install's sources: not the other installs' (mapped, not copied).
-    """
-
-    def __init__(self, path: str) -> None:
-        self.data: Any = b""
-        self.table: Dict[str, Any] = {}
-        self.start = 0  # where the parts begin
-        try:
-            with open(path, "rb") as file:
-                try:
-                    self.data = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
-                except (OSError, ValueError):  # empty, or a file system without mmap
-                    self.data = file.read()
-        except OSError:
-            return
-        if self.data[: len(HEADER)] != HEADER:
-            return
-        size = int.from_bytes(self.data[len(HEADER) : len(HEADER) + 8], "little")
-        table = self._unmarshal(len(HEADER) + 8, size)
-        if isinstance(table, dict):
-            self.table, self.start = table, len(HEADER) + 8 + size
-
-    def _unmarshal(self, start: int, length: int) -> Any:
-        if not (0 <= start and 0 < length and start + length <= len(self.data)):
-            return None
-        try:
-            with memoryview(self.data) as view, view[start : start + length] as part:
-                return marshal.loads(part)
-        except (EOFError, ValueError, TypeError):
-            return None
-
-    def _part(self, place: Any) -> Any:
-        if not (isinstance(place, tuple) and len(place) == 2 and self.table):
-            return None
-        start, length = place
-        if not (isinstance(start, int) and isinstance(length, int)):
-            return None
-        return self._unmarshal(self.start + start, length)
-
-    def codes(self) -> Dict[bytes, types.CodeType]:
-        """Return the codes, ``{key: code}`` (empty where missing or damaged)."""
-        codes = self._part(self.table.get("codes"))
-        if not isinstance(codes, dict):
-            return {}
-        return {k: v for k, v in codes.items() if isinstance(v, types.CodeType)}
-
-    def identities(self) -> list:
-        """Return the installs whose sources the file holds, the last writer's first."""
-        sources = self.table.get(_SOURCES)
-        return [i for i in sources if isinstance(i, str)] if isinstance(sources, dict) else []
-
-    def sources(self, identity: Optional[str]) -> Dict[Any, Any]:
-        """Return the sources of the install ``identity`` (empty where none or damaged)."""
-        places = self.table.get(_SOURCES)
-        if identity is None or not isinstance(places, dict) or identity not in places:
-            return {}
-        entries = self._part(places[identity])
-        return entries if isinstance(entries, dict) else {}
-
-    def close(self) -> None:
-        if isinstance(self.data, mmap.mmap):
-            self.data.close()
-        self.data = b""
-
-
-def _load(path: str) -> Dict[Any, Any]:
-    """Return the whole file: its codes by key, and ``"sources"``: ``{identity: entries}``."""
-    file = _File(path)
-    try:
-        loaded: Dict[Any, Any] = dict(file.codes())
-        loaded[_SOURCES] = {i: file.sources(i) for i in file.identities()}
-        return loaded
-    finally:
-        file.close()
-
-
-def _read(path: str) -> Dict[bytes, types.CodeType]:
-    return {k: v for k, v in _load(path).items() if isinstance(v, types.CodeType)}
-
-
-def _write(path: str, codes: Dict[Any, Any], sources: Dict[str, Any]) -> None:
-    """Write the file (see :class:`_File`): in a temporary file renamed over it."""
-    parts = [marshal.dumps(codes)] + [marshal.dumps(entries) for entries in sources.values()]
-    places = [(sum(map(len, parts[:i])), len(part)) for i, part in enumerate(parts)]
-    head = marshal.dumps({"codes": places[0], _SOURCES: dict(zip(sources, places[1:]))})
-    folder = os.path.dirname(path)
-    temporary = f"{path}.{os.urandom(6).hex()}.tmp"
-    try:
-        os.makedirs(folder, exist_ok=True)
-        _remove_stale(folder, os.path.basename(path))
-        with open(temporary, "xb") as file:
-            file.write(HEADER + len(head).to_bytes(8, "little") + head)
-            for part in parts:
-                file.write(part)
-        os.replace(temporary, path)
-        _remove_former(path)
-    except OSError:
-        try:
-            os.unlink(temporary)
-        except OSError:
-            pass
-        raise
 
 
 def identity(base: Any) -> Optional[str]:
@@ -277,17 +169,6 @@ def _remove_former(path: str) -> None:
             pass
 
 
-def _remove_stale(folder: str, name: str) -> None:
-    """Remove the temporary files of saves that were killed (an hour old or more)."""
-    for entry in os.scandir(folder):
-        if entry.name.startswith(name + ".") and entry.name.endswith(".tmp"):
-            try:
-                if entry.stat().st_mtime < time.time() - STALE_SECONDS:
-                    os.unlink(entry.path)
-            except OSError:
-                pass
-
-
 class _Source(str):
     """An operator source served from the file, with the code it compiles to."""
 
@@ -308,7 +189,7 @@ class OperatorCache:
 
     def __init__(self, path: Optional[str] = None) -> None:
         self.path = path or cache_file()
-        self.file: Optional[_File] = _File(self.path)  # this install's sources: once known
+        self.file: Optional[Any] = _file.CacheFile(self.path)  # this install's sources: once known
         self.known = self.file.codes()
         self.used: Dict[bytes, types.CodeType] = {}
         self.compiled = 0
@@ -483,7 +364,8 @@ class OperatorCache:
             sources[self.identity] = noted
             sources.update(self._others(used))
         try:
-            _write(self.path, used, sources)
+            _file.write(self.path, used, sources)
+            _remove_former(self.path)
         except OSError:
             return False
         return True
@@ -493,7 +375,7 @@ class OperatorCache:
 
         The codes they need, where the file has them, go into ``codes``.
         """
-        file = _File(self.path)
+        file = _file.CacheFile(self.path)
         try:
             others = [i for i in file.identities() if i != self.identity][:OTHER_INSTALLS]
             kept = {i: file.sources(i) for i in others}

@@ -28,6 +28,7 @@ TOP_LEVEL = {
     "lazy",
     "loss_scale",
     "operator_cache",  # beside compat: both loaded by their path at start-up
+    "operator_file",  # operator_cache's file, loaded with it
     "precision",
     "schedules",
 }

@@ -11,7 +11,7 @@ import time
 import pytest
 from small_disk import on_small_disk
 
-from mxoid import operator_cache
+from mxoid import operator_cache, operator_file
 from mxoid.operator_cache import HEADER, OperatorCache
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -124,7 +124,7 @@ def _cache_file(cache):
 def _is_whole(path):
     data = path.read_bytes()
     assert data.startswith(HEADER)
-    return len(operator_cache._read(str(path))) > 2000
+    return len(operator_file.read_codes(str(path))) > 2000
 
 
 def test_every_operator_function_is_the_one_mxnet_makes_with_or_without_the_file(tmp_path):
@@ -145,14 +145,14 @@ def test_every_operator_function_is_the_one_mxnet_makes_with_or_without_the_file
 
 
 def _sources(path):
-    return operator_cache._load(str(path))[operator_cache._SOURCES]
+    return operator_file.load(str(path))[operator_file.SOURCES]
 
 
 def _rewrite_sources(path, change):
     """Rewrite the file's sources of this install, (identity, entries), with ``change``."""
-    loaded = operator_cache._load(str(path))
-    ((identity, entries),) = loaded.pop(operator_cache._SOURCES).items()
-    operator_cache._write(str(path), loaded, dict([change(identity, entries)]))
+    loaded = operator_file.load(str(path))
+    ((identity, entries),) = loaded.pop(operator_file.SOURCES).items()
+    operator_file.write(str(path), loaded, dict([change(identity, entries)]))
 
 
 @pytest.mark.adversarial
@@ -208,11 +208,11 @@ def test_an_import_reads_its_own_installs_sources_whatever_the_others_hold(tmp_p
     cache = tmp_path / "cache"
     assert _run(TRAIN, cache) == [4, 4.0]
     path = _cache_file(cache)
-    loaded = operator_cache._load(str(path))
-    ((identity, entries),) = loaded.pop(operator_cache._SOURCES).items()
-    operator_cache._write(str(path), loaded, {identity: entries, "another MXNet": {"x": 1}})
-    file = operator_cache._File(str(path))
-    start, length = file.table[operator_cache._SOURCES]["another MXNet"]
+    loaded = operator_file.load(str(path))
+    ((identity, entries),) = loaded.pop(operator_file.SOURCES).items()
+    operator_file.write(str(path), loaded, {identity: entries, "another MXNet": {"x": 1}})
+    file = operator_file.CacheFile(str(path))
+    start, length = file.table[operator_file.SOURCES]["another MXNet"]
     start += file.start
     file.close()
     data = bytearray(path.read_bytes())
@@ -226,7 +226,7 @@ def test_an_import_reads_its_own_installs_sources_whatever_the_others_hold(tmp_p
     cache_of_one.identity = identity
     cache_of_one.noted = {("m", "op", "f"): entries[next(iter(entries))]}
     assert cache_of_one.save()
-    assert list(operator_cache._load(str(path))[operator_cache._SOURCES]) == [identity]
+    assert list(operator_file.load(str(path))[operator_file.SOURCES]) == [identity]
 
 
 def test_a_script_that_imports_mxoid_first_has_the_cache_too(tmp_path):
@@ -261,7 +261,7 @@ def test_a_damaged_or_foreign_file_is_read_as_none_and_replaced(tmp_path, conten
     assert cache.known == {}
     code = cache.code("def f():\n    return _symbol_creator(31, None)\n")
     assert cache.compiled == 1 and cache.save()
-    assert list(operator_cache._read(str(path)).values())[0].co_consts[0].co_name == "f"
+    assert list(operator_file.read_codes(str(path)).values())[0].co_consts[0].co_name == "f"
     assert code is not None
 
 
@@ -314,14 +314,14 @@ def test_a_killed_save_leaves_a_temporary_file_the_next_save_removes(tmp_path):
     other = tmp_path / "notes.tmp"
     for path in (old, recent, other):
         path.write_bytes(b"half a file")
-    hours_ago = time.time() - 2 * operator_cache.STALE_SECONDS
+    hours_ago = time.time() - 2 * operator_file.STALE_SECONDS
     os.utime(old, (hours_ago, hours_ago))
     os.utime(other, (hours_ago, hours_ago))
     cache = OperatorCache(str(target))
     cache.code("def f():\n    return _symbol_creator(12345, None)\n")
     assert cache.save()
     assert not old.exists() and recent.exists() and other.exists()  # only its own, only old
-    assert list(operator_cache._read(str(target)).values())[0].co_consts
+    assert list(operator_file.read_codes(str(target)).values())[0].co_consts
 
 
 def test_only_mxnet_operator_sources_are_cached_and_the_handle_is_put_back(tmp_path):
