@@ -362,7 +362,7 @@ class OperatorCache:
         sources: Dict[str, Any] = {}
         if self.identity is not None and noted:
             sources[self.identity] = noted
-            sources.update(self._others(used))
+        sources.update(self._others(used))  # kept whether or not this import noted any
         try:
             _file.write(self.path, used, sources)
             _remove_former(self.path)

@@ -115,8 +115,12 @@ def load(path: str) -> Dict[Any, Any]:
 
 
 def read_codes(path: str) -> Dict[bytes, types.CodeType]:
-    """Return the file's codes alone."""
-    return {k: v for k, v in load(path).items() if isinstance(v, types.CodeType)}
+    """Return the file's codes alone (no install's sources read)."""
+    file = CacheFile(path)
+    try:
+        return file.codes()
+    finally:
+        file.close()
 
 
 def write(path: str, codes: Dict[Any, Any], sources: Dict[str, Any]) -> None:

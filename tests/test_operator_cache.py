@@ -229,6 +229,24 @@ def test_an_import_reads_its_own_installs_sources_whatever_the_others_hold(tmp_p
     assert list(operator_file.load(str(path))[operator_file.SOURCES]) == [identity]
 
 
+def test_a_save_without_sources_of_its_own_keeps_the_other_installs(tmp_path):
+    """An import that served no sources (its MXNet's identity unknown) but compiled: the
+    other installs' sources stay in the file, with the codes they need."""
+    path = tmp_path / "ops.marshal"
+    other = OperatorCache(str(path))
+    source = "def f():\n    return _symbol_creator(31, None)\n"
+    other.code(source)
+    generic, key = other._parse(source, 0)[0], other._parse(source, 0)[3]
+    entries = {("m", "op", "f"): (generic, generic.find("9"), 2, None, 0, key)}
+    operator_file.write(str(path), other.used, {"another MXNet": entries})
+    cache = OperatorCache(str(path))
+    cache.code("def g():\n    return _imperative_invoke(4242, None)\n")  # compiles
+    assert cache.compiled == 1 and cache.identity is None and cache.save()
+    loaded = operator_file.load(str(path))
+    assert loaded[operator_file.SOURCES] == {"another MXNet": entries}
+    assert key in loaded and len(loaded) == 3  # its code, the new one, the sources
+
+
 def test_a_script_that_imports_mxoid_first_has_the_cache_too(tmp_path):
     """``import mxoid`` before MXNet, and with no start-up file at all (``python -S``, the
     package on ``sys.path``): mxoid's own finder serves the functions."""
