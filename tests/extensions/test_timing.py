@@ -1,12 +1,17 @@
 """Timing: plausible figures, and a device wait only when it writes them."""
 
+import os
+import sys
+import threading
 import time
+import traceback
 
 import mxnet as mx
 import pytest
 from scripted import small_loop
 
 from mxoid import Extension, FinishAfter, Timing
+from mxoid.executor_manager import waiting
 
 SLEEP = 0.01
 
@@ -18,11 +23,36 @@ class Slow(Extension):
         time.sleep(SLEEP)
 
 
+def _origin(frame):
+    """``module.function`` of the innermost mxoid frame that asked for the wait."""
+    for entry in reversed(traceback.extract_stack(frame)):
+        path = entry.filename.replace(os.sep, "/")
+        if "/mxoid/" in path and entry.name not in ("synchronize", "wait_for"):
+            return f"{os.path.basename(path)[:-3]}.{entry.name}"
+    return "elsewhere"
+
+
 @pytest.fixture
 def waits(monkeypatch):
+    """Where the engine waits (``mx.nd.waitall``) of this test's loop come from.
+
+    The loop waits on the main thread, through mxoid's waiter thread, which runs the
+    main thread's waits (:mod:`mxoid.executor_manager.waiting`): those are counted,
+    each named by where the main thread asked for it. Another thread of the test
+    process (one an earlier test left, a loader's) is not this loop: its waits are not.
+    """
     calls = []
     real = mx.nd.waitall
-    monkeypatch.setattr(mx.nd, "waitall", lambda: calls.append(1) or real())
+
+    def counted():
+        current = threading.current_thread()
+        if current is threading.main_thread():
+            calls.append(_origin(None))
+        elif current is waiting._waiter:
+            calls.append(_origin(sys._current_frames().get(threading.main_thread().ident)))
+        return real()
+
+    monkeypatch.setattr(mx.nd, "waitall", counted)
     return calls
 
 
@@ -40,7 +70,7 @@ def test_timing_records_plausible_figures_after_each_epoch(waits):
     assert rows[1]["time_total"] < wall
     # Once when training starts, once per write, and once (the loop's) when training
     # ends; never per batch.
-    assert len(waits) == 1 + 2 + 1
+    assert waits == ["timing._start", "timing.do", "timing.do", "epochs.finish"]
     assert not any("time_per_batch" in loop.log.get(i, {}) for i in (1, 2, 3, 5, 6, 7))
 
 
@@ -48,7 +78,8 @@ def test_timing_every_n_batches_waits_only_when_writing(waits):
     loop = small_loop([Slow(), Timing(every_n_batches=2), FinishAfter(after_n_epochs=2)]).run()
     written = [i for i, row in loop.log.items() if "time_total" in row]
     assert written == [2, 4, 6, 8]
-    assert len(waits) == 1 + 4 + 2 + 1  # start, four batch writes, two epoch writes, the end
+    # start, four batch writes, two epoch writes, the end
+    assert waits == ["timing._start"] + ["timing.do"] * (4 + 2) + ["epochs.finish"]
     row = loop.log[6]
     assert SLEEP <= row["time_per_batch"] and "time_epoch" not in row
     assert row["samples_per_second"] == pytest.approx(25 / row["time_per_batch"])
