@@ -8,10 +8,10 @@ import traceback
 
 import mxnet as mx
 import pytest
+from monitored import on_the_loops_threads
 from scripted import small_loop
 
 from mxoid import Extension, FinishAfter, Timing
-from mxoid.executor_manager import waiting
 
 SLEEP = 0.01
 
@@ -34,21 +34,13 @@ def _origin(frame):
 
 @pytest.fixture
 def waits(monkeypatch):
-    """Where the engine waits (``mx.nd.waitall``) of this test's loop come from.
-
-    The loop waits on the main thread, through mxoid's waiter thread, which runs the
-    main thread's waits (:mod:`mxoid.executor_manager.waiting`): those are counted,
-    each named by where the main thread asked for it. Another thread of the test
-    process (one an earlier test left, a loader's) is not this loop: its waits are not.
-    """
+    """Where the engine waits (``mx.nd.waitall``) of this test's loop come from: each
+    named by where the main thread asked for it; only the loop's (:func:`on_the_loops_threads`)."""
     calls = []
     real = mx.nd.waitall
 
     def counted():
-        current = threading.current_thread()
-        if current is threading.main_thread():
-            calls.append(_origin(None))
-        elif current is waiting._waiter:
+        if on_the_loops_threads():  # on the waiter thread: where the main thread stands
             calls.append(_origin(sys._current_frames().get(threading.main_thread().ident)))
         return real()
 
