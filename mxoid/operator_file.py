@@ -114,15 +114,6 @@ def load(path: str) -> Dict[Any, Any]:
         file.close()
 
 
-def read_codes(path: str) -> Dict[bytes, types.CodeType]:
-    """Return the file's codes alone (no install's sources read)."""
-    file = CacheFile(path)
-    try:
-        return file.codes()
-    finally:
-        file.close()
-
-
 def write(path: str, codes: Dict[Any, Any], sources: Dict[str, Any]) -> None:
     """Write the file (see :class:`CacheFile`): in a temporary file renamed over it."""
     parts = [marshal.dumps(codes)] + [marshal.dumps(entries) for entries in sources.values()]
